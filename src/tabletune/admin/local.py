@@ -1,0 +1,52 @@
+"""An in-process backend: one ``TableState`` behind a lock (the emulator and tests use it)."""
+
+from __future__ import annotations
+
+import threading
+
+from tabletune import __version__
+from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.admin.state import TableState
+
+
+class LocalBackend:
+    """Holds a TableState; changes are whole swaps under a lock, so readers never see halves."""
+
+    def __init__(
+        self, state: TableState, *, engine_version: str, model_name: str | None = None
+    ) -> None:
+        self._state = state
+        self._lock = threading.Lock()
+        self.engine_version = engine_version
+        self.model_name = model_name
+
+    @property
+    def state(self) -> TableState:
+        return self._state
+
+    def replace_state(self, state: TableState) -> None:
+        """Swap the whole state (an emulated engine restart)."""
+        with self._lock:
+            self._state = state
+
+    def _view(self) -> TableView:
+        return self._state.view(
+            plugin_version=__version__,
+            engine_version=self.engine_version,
+            model_name=self.model_name,
+        )
+
+    async def get_view(self) -> TableView:
+        return self._view()
+
+    async def put_table(self, body: TablePut, if_match: int | None) -> TableView:
+        with self._lock:
+            self._state = self._state.with_table(body, if_match=if_match)
+            return self._view()
+
+    async def put_settings(self, body: SettingsPut, if_match: int | None) -> TableView:
+        with self._lock:
+            self._state = self._state.with_settings(body, if_match=if_match)
+            return self._view()
+
+

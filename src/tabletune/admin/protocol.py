@@ -1,0 +1,54 @@
+"""Wire models of the admin API (``/tabletune/v1``). Stable shapes; see DESIGN.md."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+API_PREFIX = "/tabletune/v1"
+TABLE_PATH = f"{API_PREFIX}/table"
+SETTINGS_PATH = f"{API_PREFIX}/settings"
+MAX_BODY_BYTES = 64 * 1024
+
+
+class TableView(BaseModel):
+    """What ``GET /tabletune/v1/table`` returns."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dynamic: bool = Field(description="false: vLLM runs a static k; the table cannot be set")
+    table: list[list[int]] | None = Field(description="vLLM's JSON form; null when static")
+    version: int = Field(ge=0, description="bumped on every accepted change (table or settings)")
+    allowed_k: list[int] = Field(description="k with captured CUDA graphs (the starting table's)")
+    num_speculative_tokens: int = Field(ge=0, description="K: the longest draft length")
+    max_num_seqs: int = Field(ge=1)
+    exploration_interval: int = Field(ge=0, description="one step at K every N steps; 0 = off")
+    hysteresis: int = Field(ge=0, description="keep k while B is within h of a table edge")
+    plugin_version: str
+    engine_version: str
+    model_name: str | None = None
+    reason: str | None = Field(default=None, description="why the table is read-only, if it is")
+
+
+class TablePut(BaseModel):
+    """Body of ``PUT /tabletune/v1/table``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    table: list[list[int]] = Field(description="[[start, end, k], ...] as vLLM takes it")
+    allow_uncaptured: bool = Field(
+        default=False,
+        description="allow k outside the starting table (no captured CUDA graph: slow)",
+    )
+
+
+class SettingsPut(BaseModel):
+    """Body of ``PUT /tabletune/v1/settings``; omitted fields stay as they are."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    exploration_interval: int | None = Field(default=None, ge=0, le=1_000_000)
+    hysteresis: int | None = Field(default=None, ge=0, le=100_000)
+
+
+class ErrorBody(BaseModel):
+    detail: str

@@ -1,0 +1,149 @@
+"""The engine-side table state and its transitions, pure: validate fully, then swap whole.
+
+Both the vLLM plugin (inside the engine-core process) and the emulator hold a ``TableState``
+and change it only through ``with_table`` / ``with_settings``, which return a new state or raise
+``AdminError`` and change nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
+
+
+class AdminError(Exception):
+    """A refused admin request: HTTP status and a reason for the caller."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def parse_if_match(header: str | None) -> int | None:
+    """``If-Match: 7`` or ``If-Match: "7"`` -> 7; ``*`` or absent -> None."""
+    if header is None or header.strip() == "*":
+        return None
+    value = header.strip()
+    if value.startswith("W/"):
+        value = value[2:]
+    value = value.strip('"')
+    if not value.isdigit():
+        raise AdminError(400, f"If-Match must be a table version number, got {header!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class TableState:
+    """One engine's table as the plugin/emulator holds it."""
+
+    ranges: tuple[Range, ...] | None
+    num_speculative_tokens: int
+    max_num_seqs: int
+    allowed_k: frozenset[int]
+    version: int = 0
+    exploration_interval: int = 0
+    hysteresis: int = 0
+    lookup: tuple[int, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def initial(
+        cls,
+        ranges: Iterable[Iterable[int]] | None,
+        *,
+        num_speculative_tokens: int,
+        max_num_seqs: int,
+    ) -> TableState:
+        """The state at start: allowed k are the lengths in the starting table (captured)."""
+        if ranges is None:
+            return cls(
+                ranges=None,
+                num_speculative_tokens=num_speculative_tokens,
+                max_num_seqs=max_num_seqs,
+                allowed_k=frozenset({num_speculative_tokens}),
+            )
+        parsed = normalize_ranges([list(r) for r in ranges])
+        allowed = frozenset(min(k, num_speculative_tokens) for _, _, k in parsed)
+        return cls(
+            ranges=parsed,
+            num_speculative_tokens=num_speculative_tokens,
+            max_num_seqs=max_num_seqs,
+            allowed_k=allowed,
+            lookup=tuple(dense_lookup(parsed, max_num_seqs, num_speculative_tokens)),
+        )
+
+    @property
+    def dynamic(self) -> bool:
+        return self.ranges is not None
+
+    def k_for(self, batch_size: int) -> int:
+        """k the scheduler uses at this batch size (vLLM clamps B to max_num_seqs)."""
+        if self.ranges is None:
+            return self.num_speculative_tokens
+        return self.lookup[max(1, min(batch_size, self.max_num_seqs))]
+
+    def with_table(self, body: TablePut, *, if_match: int | None) -> TableState:
+        if self.ranges is None:
+            raise AdminError(
+                409,
+                "vLLM runs a static num_speculative_tokens: CUDA graphs are captured at start, "
+                "so a table needs a restart with num_speculative_tokens_per_batch_size set",
+            )
+        self._check_version(if_match)
+        try:
+            parsed = normalize_ranges(body.table, max_k=self.num_speculative_tokens)
+        except TableError as error:
+            raise AdminError(422, str(error)) from None
+        uncaptured = sorted({k for _, _, k in parsed} - self.allowed_k)
+        if uncaptured and not body.allow_uncaptured:
+            raise AdminError(
+                422,
+                f"k {uncaptured} not in the starting table (captured: {sorted(self.allowed_k)}); "
+                "set allow_uncaptured to force (those steps run without full CUDA graphs)",
+            )
+        return replace(
+            self,
+            ranges=parsed,
+            version=self.version + 1,
+            lookup=tuple(dense_lookup(parsed, self.max_num_seqs, self.num_speculative_tokens)),
+        )
+
+    def with_settings(self, body: SettingsPut, *, if_match: int | None) -> TableState:
+        self._check_version(if_match)
+        return replace(
+            self,
+            exploration_interval=(
+                self.exploration_interval
+                if body.exploration_interval is None
+                else body.exploration_interval
+            ),
+            hysteresis=self.hysteresis if body.hysteresis is None else body.hysteresis,
+            version=self.version + 1,
+        )
+
+    def _check_version(self, if_match: int | None) -> None:
+        if if_match is not None and if_match != self.version:
+            raise AdminError(
+                409, f"version mismatch: If-Match {if_match}, current version {self.version}"
+            )
+
+    def view(
+        self, *, plugin_version: str, engine_version: str, model_name: str | None = None
+    ) -> TableView:
+        return TableView(
+            dynamic=self.dynamic,
+            table=None if self.ranges is None else [list(r) for r in self.ranges],
+            version=self.version,
+            allowed_k=sorted(self.allowed_k),
+            num_speculative_tokens=self.num_speculative_tokens,
+            max_num_seqs=self.max_num_seqs,
+            exploration_interval=self.exploration_interval,
+            hysteresis=self.hysteresis,
+            plugin_version=plugin_version,
+            engine_version=engine_version,
+            model_name=model_name,
+            reason=None if self.dynamic else "static num_speculative_tokens (no table at start)",
+        )

@@ -1,0 +1,1 @@
+"""tabletune.daemon (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""tabletune.plugin (see DESIGN.md)."""

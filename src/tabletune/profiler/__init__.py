@@ -1,0 +1,1 @@
+"""tabletune.profiler (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""tabletune.sim (see DESIGN.md)."""
