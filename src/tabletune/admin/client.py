@@ -1,0 +1,100 @@
+"""A small synchronous client for the admin API (daemon, profiler, benchmarks).
+
+Errors are TableTune's own: ``TemporaryError`` for connection problems and 5xx (worth a retry),
+``AdminRefused`` (a ``PermanentError`` with the status) for 4xx. Retries are the caller's job,
+at its I/O edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import httpx
+
+from tabletune.admin.protocol import SETTINGS_PATH, TABLE_PATH, TableView
+from tabletune.errors import PermanentError, TemporaryError
+
+
+class AdminRefused(PermanentError):
+    """The engine refused the request (4xx); retrying the same request will not help."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class AdminClient:
+    """Talks to one engine's ``/tabletune/v1`` endpoints."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: object) -> TableView:
+        try:
+            response = self._http.request(method, path, **kwargs)  # type: ignore[arg-type]
+        except httpx.HTTPError as error:
+            raise TemporaryError(f"{self.base_url}{path}: {type(error).__name__}: {error}") from None
+        if response.status_code >= 500:
+            raise TemporaryError(
+                f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:200]}"
+            )
+        if response.status_code >= 400:
+            try:
+                detail = str(response.json().get("detail", response.text))
+            except ValueError:
+                detail = response.text[:200]
+            raise AdminRefused(response.status_code, detail)
+        try:
+            return TableView.model_validate(response.json())
+        except ValueError as error:
+            raise TemporaryError(f"{self.base_url}{path}: malformed answer: {error}") from None
+
+    def get_table(self) -> TableView:
+        return self._call("GET", TABLE_PATH)
+
+    def put_table(
+        self,
+        table: Sequence[Sequence[int]],
+        *,
+        if_match: int | None = None,
+        allow_uncaptured: bool = False,
+    ) -> TableView:
+        headers = {} if if_match is None else {"If-Match": f'"{if_match}"'}
+        body = {"table": [list(r) for r in table], "allow_uncaptured": allow_uncaptured}
+        return self._call("PUT", TABLE_PATH, json=body, headers=headers)
+
+    def put_settings(
+        self,
+        *,
+        exploration_interval: int | None = None,
+        hysteresis: int | None = None,
+        if_match: int | None = None,
+    ) -> TableView:
+        headers = {} if if_match is None else {"If-Match": f'"{if_match}"'}
+        body: dict[str, int] = {}
+        if exploration_interval is not None:
+            body["exploration_interval"] = exploration_interval
+        if hysteresis is not None:
+            body["hysteresis"] = hysteresis
+        return self._call("PUT", SETTINGS_PATH, json=body, headers=headers)

@@ -1,0 +1,1 @@
+"""The ``tabletune`` command line."""
