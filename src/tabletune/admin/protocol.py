@@ -13,7 +13,7 @@ MAX_BODY_BYTES = 64 * 1024
 class TableView(BaseModel):
     """What ``GET /tabletune/v1/table`` returns."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")  # newer servers may add fields
 
     dynamic: bool = Field(description="false: vLLM runs a static k; the table cannot be set")
     table: list[list[int]] | None = Field(description="vLLM's JSON form; null when static")
