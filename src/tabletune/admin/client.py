@@ -54,7 +54,9 @@ class AdminClient:
         try:
             response = self._http.request(method, path, **kwargs)  # type: ignore[arg-type]
         except httpx.HTTPError as error:
-            raise TemporaryError(f"{self.base_url}{path}: {type(error).__name__}: {error}") from None
+            raise TemporaryError(
+                f"{self.base_url}{path}: {type(error).__name__}: {error}"
+            ) from None
         if response.status_code >= 500:
             raise TemporaryError(
                 f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:200]}"

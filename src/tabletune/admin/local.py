@@ -48,5 +48,3 @@ class LocalBackend:
         with self._lock:
             self._state = self._state.with_settings(body, if_match=if_match)
             return self._view()
-
-

@@ -51,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "missing", None):
         name, extra = args.missing
         print(
-            f"tabletune: this command needs {name}; install it with: pip install 'tabletune[{extra}]'",
+            f"tabletune: this command needs {name}; "
+            f"install it with: pip install 'tabletune[{extra}]'",
             file=sys.stderr,
         )
         return 2

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ACCEPTANCE_SCHEMA_VERSION = 1
+ACCEPTANCE_SCHEMA_VERSION: Literal[1] = 1
 
 
 class AcceptanceProfile(BaseModel):

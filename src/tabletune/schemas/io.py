@@ -52,8 +52,7 @@ def _validate(path: Path, data: object, model: type[ModelT], kind: str) -> Model
     version = data.get("schema_version")
     if version is not None and version != 1:
         raise InputError(
-            f"{path}: schema_version: {version!r} is not supported by this TableTune "
-            "(supported: 1)"
+            f"{path}: schema_version: {version!r} is not supported by this TableTune (supported: 1)"
         )
     try:
         return model.model_validate(data)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tabletune.schemas.acceptance import AcceptanceProfile
 from tabletune.solver.model import StepTimes
 
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION: Literal[1] = 1
 
 
 class ProfileMetadata(BaseModel):

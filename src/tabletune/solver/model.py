@@ -67,7 +67,8 @@ class StepTimes:
 
     def row(self, k: int) -> np.ndarray:
         try:
-            return self.ms[self.ks.index(k)]
+            row: np.ndarray = self.ms[self.ks.index(k)]
+            return row
         except ValueError:
             raise SolverError(f"k={k} was not profiled (profiled: {list(self.ks)})") from None
 
@@ -93,9 +94,7 @@ class StepTimes:
         return float(np.interp(batch_size, np.asarray(self.grid, dtype=float), self.row(k)))
 
 
-def goodput_matrix(
-    step_times: StepTimes, rates: Sequence[float], max_batch: int
-) -> np.ndarray:
+def goodput_matrix(step_times: StepTimes, rates: Sequence[float], max_batch: int) -> np.ndarray:
     """G[k_index, B-1] in tokens/ms for every profiled k (rows follow ``step_times.ks``)."""
     rates = check_rates(rates)
     if step_times.ks[-1] > len(rates):

@@ -1,0 +1,58 @@
+"""Loading what solve/compare need, with errors that name the file or argument."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tabletune.errors import InputError
+from tabletune.schemas import Profile, load_acceptance, load_profile
+from tabletune.schemas.profile import step_times_of
+from tabletune.solver import StepTimes
+
+
+@dataclass(frozen=True)
+class Inputs:
+    profile: Profile
+    step_times: StepTimes
+    rates: tuple[float, ...]
+    rates_source: str
+    max_batch: int
+
+
+def parse_k_list(text: str) -> frozenset[int]:
+    """``"0,1,3"`` -> {0, 1, 3}."""
+    try:
+        values = frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise InputError(f"--allowed-k: expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise InputError(f"--allowed-k: expected non-negative integers, got {text!r}")
+    return values
+
+
+def load_inputs(profile_path: str, acceptance_path: str | None, max_batch: int | None) -> Inputs:
+    profile = load_profile(profile_path)
+    if acceptance_path is not None:
+        acceptance = load_acceptance(acceptance_path)
+        source = acceptance_path
+    elif profile.acceptance is not None:
+        acceptance = profile.acceptance
+        source = f"{profile_path} (embedded acceptance)"
+    else:
+        raise InputError(f"{profile_path}: holds no acceptance; give one with --acceptance FILE")
+    if acceptance.max_k < profile.ks[-1]:
+        raise InputError(
+            f"{source}: rates cover k<={acceptance.max_k} but the profile has k={profile.ks[-1]}"
+        )
+    grid_max = profile.batch_grid[-1]
+    if max_batch is None:
+        max_batch = grid_max
+    elif not 1 <= max_batch <= grid_max:
+        raise InputError(f"--max-batch: {max_batch} is outside the profiled 1..{grid_max}")
+    return Inputs(
+        profile=profile,
+        step_times=step_times_of(profile),
+        rates=acceptance.rates,
+        rates_source=source,
+        max_batch=max_batch,
+    )

@@ -1,0 +1,105 @@
+"""solve/compare end to end through main(): the paper's answers and clear errors."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from tabletune.cli.main import main
+from tabletune.schemas import AcceptanceProfile, Profile, ProfileMetadata, save_model
+from tabletune.schemas.profile import Cell
+
+SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sample-profile.json"
+
+
+def worked_profile(tmp_path: Path, t1: float, t3: float) -> Path:
+    profile = Profile(
+        metadata=ProfileMetadata(
+            gpu="worked example",
+            engine_version="0.26.0",
+            model="m",
+            method="eagle3",
+            num_speculative_tokens=3,
+            max_num_seqs=1,
+            created_at=datetime(2026, 1, 1, tzinfo=UTC),
+            tool_version="test",
+        ),
+        batch_grid=(1,),
+        ks=(1, 3),
+        cells=(
+            Cell(batch_size=1, k=1, samples_ms=(t1,), step_ms=t1),
+            Cell(batch_size=1, k=3, samples_ms=(t3,), step_ms=t3),
+        ),
+        acceptance=AcceptanceProfile(rates=(0.7, 0.5, 0.3)),
+    )
+    path = tmp_path / f"worked-{t1}-{t3}.json"
+    save_model(profile, path)
+    return path
+
+
+@pytest.mark.parametrize(("t1", "t3", "k"), [(5.0, 8.0, 1), (4.5, 6.0, 3)])
+def test_solve_gives_the_paper_answer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], t1: float, t3: float, k: int
+) -> None:
+    assert main(["solve", "--profile", str(worked_profile(tmp_path, t1, t3)), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [[1, 1, k]]
+
+
+def test_compare_reports_the_paper_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = worked_profile(tmp_path, 5.0, 8.0)
+    out = tmp_path / "cmp.json"
+    code = main(
+        ["compare", "--profile", str(profile), "--table", "[[1,1,3]]", "--json-out", str(out)]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["tables"]["tabletune"]["worst_loss"] == 0.0
+    # k=3 instead of k=1: 1 - 0.3125 / 0.34
+    assert result["tables"]["[[1,1,3]]"]["worst_loss"] == pytest.approx(1 - 0.3125 / 0.34)
+    assert "tabletune" in capsys.readouterr().out
+
+
+def test_solve_honours_allowed_k_and_writes_output(tmp_path: Path) -> None:
+    out = tmp_path / "table.json"
+    args = ["solve", "--profile", str(SAMPLE), "--allowed-k", "0,1", "--output", str(out)]
+    assert main(args) == 0
+    assert {r[2] for r in json.loads(out.read_text())} <= {0, 1}
+
+
+def test_compare_plot_writes_a_png(tmp_path: Path) -> None:
+    png = tmp_path / "loss.png"
+    assert main(["compare", "--profile", str(SAMPLE), "--table", "docs", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["solve", "--profile", "missing.json"], "missing.json: file not found"),
+        (["solve", "--profile", str(SAMPLE), "--allowed-k", "a,b"], "--allowed-k"),
+        (["solve", "--profile", str(SAMPLE), "--allowed-k", "7"], "not profiled"),
+        (["solve", "--profile", str(SAMPLE), "--max-batch", "999"], "--max-batch"),
+        (["compare", "--profile", str(SAMPLE), "--table", "[[2,4,1]]"], "start at 1"),
+        (
+            ["compare", "--profile", str(SAMPLE), "--table", "[[1,4,9]]"],
+            "exceeds the drafter's K=3",
+        ),
+    ],
+)
+def test_bad_input_gives_one_clear_error(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_broken_profile_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"schema_version": 1, "kind": "tabletune.profile"}')
+    assert main(["solve", "--profile", str(broken)]) == 2
+    assert f"{broken}: metadata: Field required" in capsys.readouterr().err
