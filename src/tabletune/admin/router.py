@@ -48,9 +48,11 @@ def _view_response(view: TableView) -> JSONResponse:
 
 
 def _describe(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "body"
-    return f"{where}: {first['msg']}"
+    """Every problem (a typo'd field shows as both 'missing' and 'extra'), '; '-joined."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in problem['loc']) or 'body'}: {problem['msg']}"
+        for problem in error.errors()
+    )
 
 
 async def _parse_body(request: Request, model: type[BaseModel]) -> Any:

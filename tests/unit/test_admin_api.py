@@ -1,0 +1,146 @@
+"""The shared admin API (plugin and emulator): every refusal leaves the table as it was."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from tabletune.admin.local import LocalBackend
+from tabletune.admin.protocol import MAX_BODY_BYTES, SETTINGS_PATH, TABLE_PATH, TablePut
+from tabletune.admin.router import build_router
+from tabletune.admin.state import AdminError, TableState, parse_if_match
+
+START = [[1, 1, 3], [2, 2, 2], [3, 3, 1], [4, 256, 0]]
+
+
+def make_client(
+    ranges: list[list[int]] | None = START, token: str | None = None
+) -> tuple[TestClient, LocalBackend]:
+    state = TableState.initial(ranges, num_speculative_tokens=3, max_num_seqs=256)
+    backend = LocalBackend(state, engine_version="0.26.0", model_name="m")
+    app = FastAPI()
+    app.include_router(build_router(lambda request: backend, token=token))
+    return TestClient(app), backend
+
+
+def test_initial_state_allows_exactly_the_starting_lengths() -> None:
+    state = TableState.initial([[1, 64, 3], [65, 128, 1]], num_speculative_tokens=3, max_num_seqs=8)
+    assert state.allowed_k == {1, 3}
+    assert [state.k_for(b) for b in (1, 8, 999)] == [3, 3, 3]
+
+
+def test_get_reports_everything_an_operator_needs() -> None:
+    client, _ = make_client()
+    response = client.get(TABLE_PATH)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["table"] == START and body["dynamic"] is True and body["version"] == 0
+    assert body["allowed_k"] == [0, 1, 2, 3] and body["num_speculative_tokens"] == 3
+    assert body["engine_version"] == "0.26.0" and body["plugin_version"]
+    assert response.headers["etag"] == '"0"'
+
+
+def test_put_swaps_whole_and_bumps_version() -> None:
+    client, backend = make_client()
+    response = client.put(TABLE_PATH, json={"table": [[1, 32, 3], [33, 256, 1]]})
+    assert response.status_code == 200, response.text
+    assert response.json()["version"] == 1
+    assert backend.state.k_for(32) == 3 and backend.state.k_for(33) == 1
+    response = client.put(TABLE_PATH, json={"table": [[1, 256, 2]]}, headers={"If-Match": '"1"'})
+    assert response.json()["version"] == 2 and backend.state.k_for(200) == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "reason"),
+    [
+        ({"table": [[1, 8, 3], [8, 16, 1]]}, {}, 422, "overlap"),
+        ({"table": [[2, 256, 1]]}, {}, 422, "start at 1"),
+        ({"table": [[1, 256, 4]]}, {}, 422, "exceeds"),
+        ({"table": [[1, 256, -1]]}, {}, 422, ">= 0"),
+        ({"table": [[1, "8", 1]]}, {}, 422, "table"),
+        ({"table": "[[1,8,1]]"}, {}, 422, "table"),
+        ({"tabel": [[1, 8, 1]]}, {}, 422, "tabel"),
+        ({"table": [[1, 256, 1]]}, {"If-Match": '"5"'}, 409, "version mismatch"),
+        ({"table": [[1, 256, 1]]}, {"If-Match": "abc"}, 400, "If-Match"),
+    ],
+)
+def test_bad_puts_are_refused_and_change_nothing(
+    body: object, headers: dict[str, str], status: int, reason: str
+) -> None:
+    client, backend = make_client()
+    before = backend.state
+    response = client.put(TABLE_PATH, json=body, headers=headers)
+    assert response.status_code == status, response.text
+    assert reason in response.json()["detail"]
+    assert backend.state == before
+
+
+def test_uncaptured_k_needs_an_explicit_override() -> None:
+    client, backend = make_client([[1, 64, 3], [65, 256, 1]])
+    response = client.put(TABLE_PATH, json={"table": [[1, 256, 2]]})
+    assert response.status_code == 422 and "not in the starting table" in response.json()["detail"]
+    assert backend.state.version == 0
+    forced = client.put(TABLE_PATH, json={"table": [[1, 256, 2]], "allow_uncaptured": True})
+    assert forced.status_code == 200 and backend.state.k_for(1) == 2
+
+
+def test_invalid_json_and_huge_bodies() -> None:
+    client, backend = make_client()
+    response = client.put(
+        TABLE_PATH, content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    huge = b'{"table": [' + b"[1,1,1]," * (MAX_BODY_BYTES // 8) + b"[2,2,1]]}"
+    assert client.put(TABLE_PATH, content=huge).status_code == 413
+    assert backend.state.version == 0
+
+
+def test_static_engine_says_so_and_refuses_tables() -> None:
+    client, backend = make_client(None)
+    body = client.get(TABLE_PATH).json()
+    assert body["dynamic"] is False and body["table"] is None and body["reason"]
+    response = client.put(TABLE_PATH, json={"table": [[1, 256, 1]]})
+    assert response.status_code == 409 and "restart" in response.json()["detail"]
+    assert backend.state.ranges is None
+
+
+def test_token_auth() -> None:
+    client, backend = make_client(token="s3cret")
+    assert client.get(TABLE_PATH).status_code == 401
+    assert client.get(TABLE_PATH, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    refused = client.put(TABLE_PATH, json={"table": [[1, 256, 1]]})
+    assert refused.status_code == 401 and backend.state.version == 0
+    ok = client.get(TABLE_PATH, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
+
+
+def test_no_engine_is_503() -> None:
+    app = FastAPI()
+    app.include_router(build_router(lambda request: None, token=None))
+    assert TestClient(app).get(TABLE_PATH).status_code == 503
+
+
+def test_settings_round_trip_and_validation() -> None:
+    client, backend = make_client()
+    response = client.put(SETTINGS_PATH, json={"exploration_interval": 50, "hysteresis": 4})
+    assert response.status_code == 200
+    assert backend.state.exploration_interval == 50 and backend.state.hysteresis == 4
+    assert client.put(SETTINGS_PATH, json={"hysteresis": -1}).status_code == 422
+    assert client.put(SETTINGS_PATH, json={"exploration_interval": "50"}).status_code == 422
+    assert backend.state.hysteresis == 4
+    assert client.get(SETTINGS_PATH).json()["exploration_interval"] == 50
+
+
+def test_if_match_forms() -> None:
+    assert parse_if_match(None) is None and parse_if_match("*") is None
+    assert parse_if_match('"7"') == 7 and parse_if_match("7") == 7 and parse_if_match('W/"7"') == 7
+    with pytest.raises(AdminError):
+        parse_if_match("seven")
+
+
+def test_state_transition_is_pure() -> None:
+    state = TableState.initial(START, num_speculative_tokens=3, max_num_seqs=16)
+    new = state.with_table(TablePut(table=[[1, 16, 1]]), if_match=0)
+    assert state.version == 0 and state.k_for(1) == 3
+    assert new.version == 1 and new.k_for(1) == 1
