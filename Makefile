@@ -16,7 +16,7 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/tabletune solve --profile examples/sample-profile.json
-	$(BIN)/tabletune compare --profile examples/sample-profile.json --table docs --table examples/sample-table.json
+	$(BIN)/tabletune compare --profile examples/sample-profile.json --table docs --table examples/quarter-docs-table.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
