@@ -23,6 +23,9 @@ class TableView(BaseModel):
     max_num_seqs: int = Field(ge=1)
     exploration_interval: int = Field(ge=0, description="one step at K every N steps; 0 = off")
     hysteresis: int = Field(ge=0, description="keep k while B is within h of a table edge")
+    exploration_steps: int = Field(
+        default=0, ge=0, description="steps run at the longest k by exploration, since start"
+    )
     plugin_version: str
     engine_version: str
     model_name: str | None = None
