@@ -51,3 +51,23 @@ def test_other_alerts_do_not_reach_tabletune_receivers(tool: Callable[[str], str
         [tool("amtool"), "config", "routes", "test", f"--config.file={CONFIG}", "severity=critical"]
     )
     assert result.stdout.strip() == "default", explain(result)
+
+
+@pytest.mark.parametrize("severity", sorted(RECEIVER_BY_SEVERITY))
+def test_alerts_posted_by_the_daemon_route_by_name(
+    tool: Callable[[str], str], severity: str
+) -> None:
+    # The daemon's own alerts carry no component label: they must reach the same receivers.
+    result = run_tool(
+        [
+            tool("amtool"),
+            "config",
+            "routes",
+            "test",
+            f"--config.file={CONFIG}",
+            "alertname=TableTuneStaleData",
+            f"severity={severity}",
+            "replica=a:8000",
+        ]
+    )
+    assert result.stdout.strip() == RECEIVER_BY_SEVERITY[severity], explain(result)
