@@ -1,0 +1,109 @@
+"""Whether to push a new table, pure: build from the profile's T and a_hat, restricted to the
+replica's allowed k, and push only when the predicted goodput over the recent load improves by
+more than ``min_gain`` (no flapping), or when the replica restarted and lost our table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tabletune.admin.protocol import TableView
+from tabletune.daemon.settings import DecisionSettings
+from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
+from tabletune.solver import SolverError, StepTimes, build_table, predicted_gain
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The table the daemon wants and why it will (or will not) push it."""
+
+    push: bool
+    reason: str
+    new: tuple[Range, ...] | None = None
+    current: tuple[Range, ...] | None = None
+    gain: float | None = None  # predicted relative goodput change over the recent load
+
+    @property
+    def edges_moved(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        old = tuple(start for start, _, _ in (self.current or ())[1:])
+        new = tuple(start for start, _, _ in (self.new or ())[1:])
+        return old, new
+
+
+def decide(
+    *,
+    step_times: StepTimes,
+    rates: Sequence[float],
+    view: TableView,
+    load_weights: Mapping[int, float],
+    settings: DecisionSettings,
+    force: bool = False,
+) -> Decision:
+    """The table to run on this replica; ``force`` skips the gain threshold (restart)."""
+    if not view.dynamic or view.table is None:
+        return Decision(push=False, reason="the replica runs a static k: no table to set")
+    allowed = sorted(set(view.allowed_k) & set(step_times.ks))
+    if not allowed:
+        return Decision(
+            push=False,
+            reason=f"no allowed k {view.allowed_k} was profiled (profiled: {list(step_times.ks)})",
+        )
+    max_batch = min(view.max_num_seqs, step_times.max_batch)
+    try:
+        current = normalize_ranges(view.table)
+    except TableError as error:
+        current = None
+        current_problem = str(error)
+    try:
+        solution = build_table(
+            step_times,
+            rates,
+            allowed_k=allowed,
+            max_batch=max_batch,
+            stickiness=settings.stickiness,
+        )
+        solution.check()
+    except SolverError as error:
+        return Decision(push=False, reason=f"solver refused: {error}")
+    new = solution.ranges
+    if current is None:
+        return Decision(push=True, reason=f"current table unreadable ({current_problem})", new=new)
+    if _same_lookup(current, new, max_batch, view.num_speculative_tokens):
+        return Decision(push=False, reason="the table is already right", new=new, current=current)
+    weights = {min(max(1, b), max_batch): 0.0 for b in load_weights}
+    for b, w in load_weights.items():
+        weights[min(max(1, b), max_batch)] += w
+    if sum(weights.values()) <= 0:
+        weights = {b: 1.0 for b in range(1, max_batch + 1)}  # no load seen: every load alike
+    try:
+        gain = predicted_gain(
+            step_times, rates, current, new, weights, max_k=view.num_speculative_tokens
+        )
+    except SolverError:
+        # The running table uses a k the profile lacks: it cannot be scored, ours can.
+        return Decision(
+            push=True, reason="current table uses unprofiled k", new=new, current=current
+        )
+    if force:
+        return Decision(
+            push=True,
+            reason="replica restarted: restore the table",
+            new=new,
+            current=current,
+            gain=gain,
+        )
+    if gain > settings.min_gain:
+        return Decision(
+            push=True, reason=f"predicted gain {gain:+.2%}", new=new, current=current, gain=gain
+        )
+    return Decision(
+        push=False,
+        reason=f"predicted gain {gain:+.2%} is within the {settings.min_gain:.1%} threshold",
+        new=new,
+        current=current,
+        gain=gain,
+    )
+
+
+def _same_lookup(a: Sequence[Range], b: Sequence[Range], max_batch: int, big_k: int) -> bool:
+    return dense_lookup(a, max_batch, big_k) == dense_lookup(b, max_batch, big_k)

@@ -1,0 +1,289 @@
+"""The daemon's configuration: ``TABLETUNE_*`` environment variables only.
+
+One ``DaemonSettings`` object made of grouped sub-models, built once at start and passed down as
+a keyword-only ``settings=`` argument. Nested fields are ``TABLETUNE_<GROUP>__<FIELD>``, e.g.
+``TABLETUNE_SOURCE__PROMETHEUS_URL``. Lists are comma-separated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from tabletune.errors import InputError
+
+ENV_PREFIX = "TABLETUNE_"
+NESTED = "__"
+
+
+def _split_list(value: object) -> object:
+    """``"a, b"`` -> ``("a", "b")``; JSON-looking lists are left to pydantic."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            import json
+
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError:
+                raise ValueError("not a valid JSON list") from None
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    return value
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LoopSettings(_Group):
+    interval_s: float = Field(
+        default=15.0, gt=0, description="seconds between two evaluations (cycles)"
+    )
+
+
+class SourceSettings(_Group):
+    prometheus_url: str | None = Field(
+        default=None,
+        description="Prometheus base URL; empty: scrape each replica's /metrics directly",
+    )
+    replicas: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "static replica base URLs (comma-separated), serving both /metrics and the admin "
+            "API; required without Prometheus, a filter on discovered replicas with it"
+        ),
+    )
+    replica_label: str = Field(
+        default="instance", description="Prometheus label that names a replica"
+    )
+    admin_url_template: str = Field(
+        default="http://{replica}",
+        description="admin base URL of a replica discovered in Prometheus ({replica} = label)",
+    )
+    timeout_s: float = Field(default=5.0, gt=0, description="scrape/query timeout in seconds")
+    stale_after_s: float = Field(
+        default=120.0, gt=0, description="data older than this is stale: no push, alert"
+    )
+    max_window_s: float = Field(
+        default=900.0, gt=0, description="longest increase() window after a gap (seconds)"
+    )
+
+    _split = field_validator("replicas", mode="before")(lambda cls, v: _split_list(v))
+
+
+class ProfileSettings(_Group):
+    paths: Annotated[tuple[Path, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "profile JSON files (comma-separated); replicas are matched by model name, "
+            "replicas sharing a profile form a pool"
+        ),
+    )
+    acceptance_path: Path | None = Field(
+        default=None,
+        description="AcceptanceProfile JSON for the prior a_i (default: the profile's own)",
+    )
+
+    _split = field_validator("paths", mode="before")(lambda cls, v: _split_list(v))
+
+
+class EstimatorSettings(_Group):
+    prior_weight: float = Field(default=2000.0, ge=0, description="w: weight of the prior a_i")
+    rebuild_every_drafts: int = Field(
+        default=2000, ge=1, description="rebuild the estimate every N new drafts"
+    )
+    prior_decay: bool = Field(default=False, description="halve w after every rebuild")
+    scope: Literal["replica", "pool"] = Field(
+        default="replica", description="estimate acceptance per replica or per pool"
+    )
+
+
+class DecisionSettings(_Group):
+    min_gain: float = Field(
+        default=0.01,
+        ge=0,
+        description="push only when predicted goodput over recent load improves by more",
+    )
+    stickiness: float = Field(
+        default=0.005, ge=0, description="keep the previous k unless another is this much better"
+    )
+    load_memory: float = Field(
+        default=0.8,
+        ge=0,
+        lt=1,
+        description="weight kept by the load distribution each cycle (0: last cycle only)",
+    )
+
+
+class PluginSettings(_Group):
+    exploration_interval: int = Field(
+        default=50, ge=0, description="plugin: one step at the longest K every N steps (0: off)"
+    )
+    hysteresis: int = Field(
+        default=2, ge=0, description="plugin: keep k while the batch is within h of an edge"
+    )
+
+
+class AdminSettings(_Group):
+    token: SecretStr | None = Field(default=None, description="admin API bearer token")
+    timeout_s: float = Field(default=5.0, gt=0, description="admin API timeout in seconds")
+    retry_backoffs_s: Annotated[tuple[float, ...], NoDecode] = Field(
+        default=(1.0, 1.0, 2.0, 3.0, 5.0),
+        description="waits between push attempts on temporary errors (comma-separated)",
+    )
+
+    _split = field_validator("retry_backoffs_s", mode="before")(lambda cls, v: _split_list(v))
+
+
+class GuardSettings(_Group):
+    enabled: bool = Field(default=True, description="roll back pushes that lowered goodput")
+    max_drop: float = Field(
+        default=0.05, gt=0, lt=1, description="roll back when measured goodput drops more"
+    )
+    window_s: float = Field(
+        default=300.0, gt=0, description="seconds of goodput before/after a push compared"
+    )
+    min_samples: int = Field(
+        default=3, ge=1, description="cycles at similar load needed on each side to judge"
+    )
+    cooldown_s: float = Field(default=900.0, ge=0, description="no new push after a rollback")
+
+
+class DriftSettings(_Group):
+    acceptance_threshold: float = Field(
+        default=0.15, gt=0, description="alert when some |a_hat_i - a_prior_i| exceeds this"
+    )
+    profile_threshold: float = Field(
+        default=0.25,
+        gt=0,
+        description="alert when live step time / profile T at the same (B, k) is off by more",
+    )
+    min_steps: int = Field(default=100, ge=1, description="steps a (k, bucket) cell needs")
+
+
+class AlertSettings(_Group):
+    alertmanager_url: str | None = Field(
+        default=None, description="Alertmanager base URL (alerts are always logged)"
+    )
+    username: str | None = Field(default=None, description="Alertmanager basic-auth user")
+    password: SecretStr | None = Field(default=None, description="Alertmanager basic-auth password")
+    bearer_token: SecretStr | None = Field(default=None, description="Alertmanager bearer token")
+    event_ttl_s: float = Field(
+        default=900.0, gt=0, description="how long one-off alerts (shift, rollback) stay firing"
+    )
+    timeout_s: float = Field(default=5.0, gt=0, description="Alertmanager timeout in seconds")
+
+
+class ServerSettings(_Group):
+    host: str = Field(default="0.0.0.0", description="address of the daemon's /metrics, /healthz")
+    port: int = Field(default=9465, ge=0, le=65535, description="port (0: no HTTP server)")
+
+
+class StateSettings(_Group):
+    dir: Path = Field(
+        default=Path("/var/lib/tabletune"), description="where estimator state and tables live"
+    )
+
+
+class LogSettings(_Group):
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="log level"
+    )
+    format: Literal["json", "console"] = Field(default="json", description="log format")
+
+
+class DaemonSettings(BaseSettings):
+    """Everything the daemon reads from the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=NESTED, extra="ignore", frozen=True
+    )
+
+    loop: LoopSettings = LoopSettings()
+    source: SourceSettings = SourceSettings()
+    profile: ProfileSettings = ProfileSettings()
+    estimator: EstimatorSettings = EstimatorSettings()
+    decision: DecisionSettings = DecisionSettings()
+    plugin: PluginSettings = PluginSettings()
+    admin: AdminSettings = AdminSettings()
+    guard: GuardSettings = GuardSettings()
+    drift: DriftSettings = DriftSettings()
+    alerts: AlertSettings = AlertSettings()
+    server: ServerSettings = ServerSettings()
+    state: StateSettings = StateSettings()
+    log: LogSettings = LogSettings()
+
+
+def env_name(loc: tuple[int | str, ...]) -> str:
+    """Validation location -> the environment variable a user sets."""
+    names = [str(part) for part in loc if not isinstance(part, int)]
+    return ENV_PREFIX + NESTED.join(name.upper() for name in names[:2])
+
+
+def load_settings(env: dict[str, str] | None = None) -> DaemonSettings:
+    """Build the settings from the environment (or ``env``); InputError names the variable."""
+    try:
+        if env is None:
+            return DaemonSettings()
+        return _from_mapping(env)
+    except ValidationError as error:
+        first = error.errors()[0]
+        more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+        value = first.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        raise InputError(f"{env_name(first['loc'])}: {first['msg']}{shown}{more}") from None
+    except ValueError as error:  # pydantic-settings' SettingsError for undecodable values
+        raise InputError(f"bad TABLETUNE_* environment: {error}") from None
+
+
+def _from_mapping(env: dict[str, str]) -> DaemonSettings:
+    data: dict[str, Any] = {}
+    for key, value in env.items():
+        if not key.upper().startswith(ENV_PREFIX):
+            continue
+        group, _, field = key[len(ENV_PREFIX) :].lower().partition(NESTED)
+        if group in DaemonSettings.model_fields and field:
+            data.setdefault(group, {})[field] = value
+    return DaemonSettings.model_validate(data)
+
+
+def masked(settings: DaemonSettings) -> dict[str, Any]:
+    """The effective config for the start-up log: secrets shown as '***' (or null)."""
+    data: dict[str, Any] = settings.model_dump(mode="json")
+    for group, field in (
+        ("admin", "token"),
+        ("alerts", "password"),
+        ("alerts", "bearer_token"),
+    ):
+        if data[group][field] is not None:
+            data[group][field] = "***"
+    return data
+
+
+def render_env_example() -> str:
+    """Every TABLETUNE_* variable with its default and meaning (for systemd/tabletune.env)."""
+    lines = [
+        "# TableTune daemon configuration (tabletune daemon). Every variable is optional;",
+        "# the value shown is the default. Lists are comma-separated.",
+    ]
+    for group_name, group_field in DaemonSettings.model_fields.items():
+        group_model = group_field.annotation
+        assert isinstance(group_model, type) and issubclass(group_model, BaseModel)
+        lines.append("")
+        lines.append(f"# --- {group_name} ---")
+        for field_name, field in group_model.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, tuple):
+                shown = ",".join(str(item) for item in default)
+            elif default is None:
+                shown = ""
+            elif isinstance(default, bool):
+                shown = str(default).lower()
+            else:
+                shown = str(default)
+            lines.append(f"# {field.description}")
+            lines.append(f"#{ENV_PREFIX}{group_name.upper()}{NESTED}{field_name.upper()}={shown}")
+    return "\n".join(lines) + "\n"

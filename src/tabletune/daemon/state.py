@@ -1,0 +1,82 @@
+"""What survives a restart: estimator counts per unit and the tables pushed per replica.
+
+Written atomically (``save_model``: temp file, fsync, rename), so a crash leaves the old file or
+the new one. A corrupt or incompatible file is reported, moved aside, and the daemon starts
+fresh: never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tabletune.schemas import save_model
+
+STATE_FILE = "daemon-state.json"
+
+
+class UnitRecord(BaseModel):
+    """An estimator unit: prior, weight, live counts and the last rebuilt rates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prior: tuple[float, ...]
+    weight: float = Field(ge=0)
+    drafted: tuple[float, ...]
+    accepted: tuple[float, ...]
+    rates: tuple[float, ...]
+    drafts_since_rebuild: float = Field(default=0.0, ge=0)
+    rebuilds: int = Field(default=0, ge=0)
+
+
+class ReplicaRecord(BaseModel):
+    """The tables the daemon pushed to one replica."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pushed: list[list[int]] | None = None
+    previous: list[list[int]] | None = None  # what ran before ``pushed`` (rollback target)
+    version: int | None = None  # last version seen on the replica
+    pushed_at: float | None = None
+
+
+class DaemonState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = 1
+    kind: Literal["tabletune.daemon-state"] = "tabletune.daemon-state"
+    saved_at: float = 0.0
+    last_evaluation: float | None = None  # end of the last interval counted (Prometheus)
+    units: dict[str, UnitRecord] = Field(default_factory=dict)
+    replicas: dict[str, ReplicaRecord] = Field(default_factory=dict)
+
+
+class StateStore:
+    """Loads and saves ``DaemonState`` in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / STATE_FILE
+
+    def load(self) -> tuple[DaemonState, str | None]:
+        """The saved state (or a fresh one) and, if the file was unusable, what was wrong."""
+        if not self.path.exists():
+            return DaemonState(), None
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return DaemonState.model_validate(data), None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValidationError) as error:
+            problem = str(error).splitlines()[0] if str(error) else type(error).__name__
+            aside = self.path.with_name(f"{STATE_FILE}.bad-{int(time.time())}")
+            try:
+                self.path.replace(aside)
+            except OSError as move_error:
+                return DaemonState(), f"{self.path}: {problem} (could not move aside: {move_error})"
+            return DaemonState(), f"{self.path}: {problem}; moved aside to {aside.name}"
+
+    def save(self, state: DaemonState) -> None:
+        save_model(state, self.path)

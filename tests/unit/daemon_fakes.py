@@ -1,0 +1,248 @@
+"""Deterministic stand-ins for the daemon's unit tests: a fake clock, an engine whose counters
+follow the goodput model exactly, and an admin client over the real ``TableState`` transitions.
+
+The engine is the model itself (expected counts, no noise) so every number a test checks can be
+derived by hand; the real emulator and real servers are exercised by the integration tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tabletune import __version__
+from tabletune.admin.client import AdminRefused
+from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.admin.state import AdminError, TableState
+from tabletune.daemon.observation import Observation, SourceResult
+from tabletune.errors import TemporaryError
+from tabletune.metric_names import batch_bucket
+from tabletune.schemas import Profile
+from tabletune.schemas.profile import Cell, ProfileMetadata
+from tabletune.schemas.acceptance import AcceptanceProfile
+from tabletune.solver import StepTimes
+
+
+class FakeClock:
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def small_profile(*, prior: Sequence[float] = (0.8, 0.6, 0.45)) -> Profile:
+    """A 3-k profile where longer drafts cost more at larger batches (so the table matters)."""
+    grid = (1, 8, 16, 32, 64, 128)
+    ks = (0, 1, 2, 3)
+    base = {1: 5.0, 8: 5.5, 16: 6.0, 32: 7.5, 64: 11.0, 128: 20.0}
+    cells = []
+    for b in grid:
+        for k in ks:
+            ms = base[b] * (1.0 + k * 0.06 * b**0.5 / 2)
+            cells.append(Cell(batch_size=b, k=k, samples_ms=(ms,), step_ms=ms))
+    meta = ProfileMetadata(
+        gpu="test-gpu",
+        engine_version="0.26.0",
+        model="m",
+        drafter="d",
+        method="eagle3",
+        num_speculative_tokens=3,
+        max_num_seqs=128,
+        created_at="2026-11-30T00:00:00Z",  # type: ignore[arg-type]
+        tool_version="test",
+    )
+    return Profile(
+        metadata=meta,
+        batch_grid=grid,
+        ks=ks,
+        cells=tuple(cells),
+        acceptance=AcceptanceProfile(rates=tuple(prior)),
+    )
+
+
+@dataclass
+class ModelEngine:
+    """One replica: counters grow exactly as the goodput model says for the running table."""
+
+    step_times: StepTimes
+    rates: tuple[float, ...]
+    state: TableState
+    load: int = 16
+    step_scale: float = 1.0  # live step time / profile (profile drift)
+    totals: dict[str, float] = field(default_factory=dict)
+    drafted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    accepted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    batch_hist: dict[int, float] = field(default_factory=dict)
+    step_sum: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
+
+    def run(self, seconds: float) -> None:
+        k = self.state.k_for(self.load)
+        explore = self.state.exploration_interval
+        # The plugin runs one step at K every ``explore`` steps, so every position is drafted.
+        shares = [(k, 1.0)] if not explore else [(k, 1 - 1 / explore), (3, 1 / explore)]
+        for step_k, share in shares:
+            self._run_at(step_k, seconds * share)
+
+    def _run_at(self, k: int, seconds: float) -> None:
+        step_ms = self.step_times.at(self.load, k) * self.step_scale
+        steps = seconds * 1000.0 / step_ms
+        requests = steps * self.load
+        for i in range(k):
+            self.drafted[i] += requests
+            self.accepted[i] += requests * self.rates[i]
+        self.totals["drafts"] = self.totals.get("drafts", 0.0) + (requests if k else 0.0)
+        self.totals["tokens"] = self.totals.get("tokens", 0.0) + requests * (
+            1.0 + sum(self.rates[:k])
+        )
+        self.batch_hist[self.load] = self.batch_hist.get(self.load, 0.0) + steps
+        key = (k, batch_bucket(self.load))
+        s, c = self.step_sum.get(key, (0.0, 0.0))
+        self.step_sum[key] = (s + steps * step_ms / 1000.0, c + steps)
+
+    def restart(self, starting: Sequence[Sequence[int]]) -> None:
+        self.state = TableState.initial(
+            starting,
+            num_speculative_tokens=self.state.num_speculative_tokens,
+            max_num_seqs=self.state.max_num_seqs,
+        )
+        self.totals = {}
+        self.drafted = [0.0] * len(self.drafted)
+        self.accepted = [0.0] * len(self.accepted)
+        self.batch_hist = {}
+        self.step_sum = {}
+
+
+class FakeAdmin:
+    """Admin client over the real pure transitions; ``fail_next`` temporary errors first."""
+
+    def __init__(self, engine: ModelEngine) -> None:
+        self.engine = engine
+        self.fail_next = 0
+        self.calls: list[str] = []
+
+    def _maybe_fail(self, what: str) -> None:
+        self.calls.append(what)
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            raise TemporaryError(f"{what}: HTTP 503: engine busy")
+
+    def _view(self) -> TableView:
+        return self.engine.state.view(
+            plugin_version=__version__, engine_version="0.26.0", model_name="m"
+        )
+
+    def get_table(self) -> TableView:
+        self._maybe_fail("GET")
+        return self._view()
+
+    def put_table(
+        self,
+        table: Sequence[Sequence[int]],
+        *,
+        if_match: int | None = None,
+        allow_uncaptured: bool = False,
+    ) -> TableView:
+        self._maybe_fail("PUT table")
+        try:
+            self.engine.state = self.engine.state.with_table(
+                TablePut(table=[list(r) for r in table], allow_uncaptured=allow_uncaptured),
+                if_match=if_match,
+            )
+        except AdminError as error:
+            raise AdminRefused(error.status, error.detail) from None
+        return self._view()
+
+    def put_settings(
+        self,
+        *,
+        exploration_interval: int | None = None,
+        hysteresis: int | None = None,
+        if_match: int | None = None,
+    ) -> TableView:
+        self._maybe_fail("PUT settings")
+        try:
+            self.engine.state = self.engine.state.with_settings(
+                SettingsPut(exploration_interval=exploration_interval, hysteresis=hysteresis),
+                if_match=if_match,
+            )
+        except AdminError as error:
+            raise AdminRefused(error.status, error.detail) from None
+        return self._view()
+
+
+class ModelSource:
+    """A source over ``ModelEngine``s: each ``collect`` runs them for the elapsed time and
+    reports the increases (with reset detection, as the real sources do)."""
+
+    def __init__(self, engines: dict[str, ModelEngine], clock: FakeClock) -> None:
+        self.engines = engines
+        self.clock = clock
+        self.last: float | None = None
+        self.seen: dict[
+            str,
+            tuple[
+                dict[str, float],
+                list[float],
+                list[float],
+                dict[int, float],
+                dict[tuple[int, str], tuple[float, float]],
+            ],
+        ] = {}
+        self.down: str | None = None
+        self.missing: set[str] = set()
+        self.hook: Callable[[], None] | None = None
+
+    def collect(self, now: float, *, on_replica: Callable[[], bool] | None = None) -> SourceResult:
+        if self.down is not None:
+            raise TemporaryError(self.down)
+        interval = 0.0 if self.last is None else now - self.last
+        self.last = now
+        observations: dict[str, Observation] = {}
+        for name, engine in self.engines.items():
+            if name in self.missing:
+                continue
+            if interval > 0:
+                engine.run(interval)
+            before = self.seen.get(name)
+            snap = (
+                dict(engine.totals),
+                list(engine.drafted),
+                list(engine.accepted),
+                dict(engine.batch_hist),
+                dict(engine.step_sum),
+            )
+            self.seen[name] = snap
+            if before is None or interval <= 0:
+                continue
+            reset = snap[0].get("tokens", 0.0) < before[0].get("tokens", 0.0)
+            base = ({}, [0.0] * 3, [0.0] * 3, {}, {}) if reset else before
+            buckets = {(b, b): n - base[3].get(b, 0.0) for b, n in snap[3].items()}
+            steps = sum(buckets.values())
+            mean = sum(b * n for (b, _), n in buckets.items()) / steps if steps else None
+            observations[name] = Observation(
+                replica=name,
+                admin_url=name,
+                interval_s=interval,
+                drafted=tuple(x - y for x, y in zip(snap[1], base[1], strict=True)),
+                accepted=tuple(x - y for x, y in zip(snap[2], base[2], strict=True)),
+                load_buckets={key: n for key, n in buckets.items() if n > 0},
+                mean_batch=mean,
+                generated_tokens=snap[0].get("tokens", 0.0) - base[0].get("tokens", 0.0),
+                step_times={
+                    key: (s - base[4].get(key, (0.0, 0.0))[0], c - base[4].get(key, (0.0, 0.0))[1])
+                    for key, (s, c) in snap[4].items()
+                    if c - base[4].get(key, (0.0, 0.0))[1] > 0
+                },
+                reset=reset,
+                model_name="m",
+            )
+        return SourceResult(
+            observations=observations,
+            problems={name: "scrape failed: connection refused" for name in self.missing},
+        )
