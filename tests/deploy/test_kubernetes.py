@@ -1,0 +1,210 @@
+"""deploy/kubernetes: rendered by kustomize (`kubectl kustomize`, the real renderer), then every
+resource validated against a schema:
+
+- built-in kinds with kubernetes-validate (PyPI; ships the Kubernetes JSON schemas, strict mode:
+  unknown fields are errors), for the Kubernetes version llm-d requires at least (1.30);
+- Prometheus Operator kinds (ServiceMonitor, PodMonitor, PrometheusRule) with structural JSON
+  schemas of our own in deploy/kubernetes/schemas/: no package ships the operator's CRD schemas,
+  and copying them is not ours to do, so we check the fields we use (names, types, required,
+  unknown keys refused).
+
+Then the wiring a schema cannot see: probes hit the daemon's health endpoint on its configured
+port, the Service and monitors select what they should, generated names resolve, the rules are
+the rules file's, the overlay makes a pool.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tabletune.schemas.table import normalize_ranges
+
+from .conftest import DEPLOY, explain, run_tool
+
+KUBERNETES = DEPLOY / "kubernetes"
+KUBERNETES_VERSION = "1.30.0"
+RULES = DEPLOY / "prometheus" / "rules" / "tabletune.rules.yml"
+CRD_SCHEMAS = {
+    kind: json.loads((KUBERNETES / "schemas" / f"{kind.lower()}-monitoring-v1.json").read_text())
+    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+}
+KUSTOMIZATIONS = ("base", "vllm", "overlays/pool")
+
+Resource = dict[str, Any]
+
+
+def _render(tool: Callable[[str], str], kustomization: str) -> list[Resource]:
+    result = run_tool([tool("kubectl"), "kustomize", str(KUBERNETES / kustomization)])
+    assert result.returncode == 0, explain(result)
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _one(resources: list[Resource], kind: str, name: str | None = None) -> Resource:
+    found = [
+        r
+        for r in resources
+        if r["kind"] == kind and (name is None or r["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} found"
+    return found[0]
+
+
+def _validate(resource: Resource) -> None:
+    schema = CRD_SCHEMAS.get(resource["kind"])
+    if schema is not None:
+        jsonschema.Draft202012Validator(schema).validate(resource)
+    else:
+        kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_renders_and_every_resource_validates(
+    tool: Callable[[str], str], kustomization: str
+) -> None:
+    resources = _render(tool, kustomization)
+    assert resources
+    for resource in resources:
+        _validate(resource)
+
+
+def test_validation_catches_a_misspelt_field(tool: Callable[[str], str]) -> None:
+    resources = _render(tool, "base")
+    deployment = _one(resources, "Deployment", "tabletune-daemon")
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(deployment)
+    monitor = _one(resources, "ServiceMonitor")
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(monitor)
+    rule = _one(resources, "PrometheusRule")
+    rule["spec"]["groups"][1]["rules"][0]["for"] = "five minutes"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(rule)
+
+
+def test_prometheusrule_is_the_rules_file() -> None:
+    result = subprocess.run(
+        [sys.executable, str(KUBERNETES / "render_prometheusrule.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    generated = yaml.safe_load((KUBERNETES / "base" / "prometheusrule.yaml").read_text())
+    assert generated["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+
+
+def _env_of(resources: list[Resource]) -> dict[str, str]:
+    config = _one(resources, "ConfigMap")
+    return dict(config["data"])
+
+
+def test_daemon_probes_its_health_endpoint_on_the_configured_port(
+    tool: Callable[[str], str],
+) -> None:
+    resources = _render(tool, "base")
+    container = _one(resources, "Deployment", "tabletune-daemon")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports["metrics"] == int(_env_of(resources)["TABLETUNE_SERVER__PORT"])
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    assert container["command"] == ["tabletune", "daemon"]
+
+
+def test_daemon_config_is_accepted_by_the_daemons_settings(tool: Callable[[str], str]) -> None:
+    settings = pytest.importorskip("tabletune.daemon.settings")
+    for kustomization in ("base", "overlays/pool"):
+        resources = _render(tool, kustomization)
+        secret = _one(resources, "Secret")
+        assert set(secret["data"]) == {"TABLETUNE_ADMIN__TOKEN"}
+        env = {**_env_of(resources), "TABLETUNE_ADMIN__TOKEN": "x"}
+        loaded = settings.load_settings(env)
+        assert loaded.server.port == 9465
+        assert str(loaded.state.dir) == "/var/lib/tabletune"
+
+
+def test_generated_names_resolve(tool: Callable[[str], str]) -> None:
+    for kustomization in ("base", "overlays/pool"):
+        resources = _render(tool, kustomization)
+        names = {(r["kind"], r["metadata"]["name"]) for r in resources}
+        daemon = _one(resources, "Deployment", "tabletune-daemon")["spec"]["template"]["spec"]
+        for source in daemon["containers"][0]["envFrom"]:
+            if "configMapRef" in source:
+                assert ("ConfigMap", source["configMapRef"]["name"]) in names
+            else:
+                assert ("Secret", source["secretRef"]["name"]) in names
+    pool = _render(tool, "overlays/pool")
+    vllm = _one(pool, "Deployment", "vllm-decode")["spec"]["template"]["spec"]["containers"][0]
+    token = next(e for e in vllm["env"] if e["name"] == "TABLETUNE_ADMIN_TOKEN")
+    ref = token["valueFrom"]["secretKeyRef"]
+    secret = _one(pool, "Secret")
+    assert ref["name"] == secret["metadata"]["name"]
+    assert ref["key"] in secret["data"]
+
+
+def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_service_and_monitors_select_their_targets(tool: Callable[[str], str]) -> None:
+    resources = _render(tool, "overlays/pool")
+    daemon = _one(resources, "Deployment", "tabletune-daemon")
+    vllm = _one(resources, "Deployment", "vllm-decode")
+    service = _one(resources, "Service", "tabletune-daemon")
+    assert _matches(service["spec"]["selector"], daemon["spec"]["template"]["metadata"]["labels"])
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    service_monitor = _one(resources, "ServiceMonitor")
+    assert _matches(
+        service_monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"]
+    )
+    assert service_monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    pod_monitor = _one(resources, "PodMonitor")
+    pod_labels = vllm["spec"]["template"]["metadata"]["labels"]
+    assert _matches(pod_monitor["spec"]["selector"]["matchLabels"], pod_labels)
+    assert not _matches(
+        pod_monitor["spec"]["selector"]["matchLabels"],
+        daemon["spec"]["template"]["metadata"]["labels"],
+    )
+    vllm_ports = {p["name"] for p in vllm["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["port"] in vllm_ports
+    # TableTuneDaemonDown looks for job="tabletune-daemon": a ServiceMonitor's job is the Service.
+    assert 'job="tabletune-daemon"' in RULES.read_text()
+
+
+def test_pool_overlay(tool: Callable[[str], str]) -> None:
+    resources = _render(tool, "overlays/pool")
+    assert {r["metadata"].get("namespace") for r in resources} == {"llm-d"}
+    assert _one(resources, "Deployment", "vllm-decode")["spec"]["replicas"] == 4
+    assert _one(resources, "Deployment", "tabletune-daemon")["spec"]["replicas"] == 1
+    env = _env_of(resources)
+    assert env["TABLETUNE_ESTIMATOR__SCOPE"] == "pool"
+    assert env["TABLETUNE_SOURCE__PROMETHEUS_URL"]  # a pool is discovered through Prometheus
+
+
+def test_vllm_example_enables_the_plugin_with_every_k(tool: Callable[[str], str]) -> None:
+    container = _one(_render(tool, "vllm"), "Deployment")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["VLLM_PLUGINS"] == "tabletune_engine,tabletune_http,tabletune_metrics"
+    assert env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in container["args"] if "=" in a}
+    config = json.loads(args["--speculative-config"])
+    big_k = config["num_speculative_tokens"]
+    ranges = normalize_ranges(config["num_speculative_tokens_per_batch_size"], max_k=big_k)
+    assert {k for _, _, k in ranges} == set(range(big_k + 1))
+    assert ranges[-1][1] == int(args["--max-num-seqs"])
+    assert shlex.split(" ".join(container["command"]))[:2] == ["vllm", "serve"]
