@@ -18,8 +18,8 @@ from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.errors import TemporaryError
 from tabletune.metric_names import batch_bucket
 from tabletune.schemas import Profile
-from tabletune.schemas.profile import Cell, ProfileMetadata
 from tabletune.schemas.acceptance import AcceptanceProfile
+from tabletune.schemas.profile import Cell, ProfileMetadata
 from tabletune.solver import StepTimes
 
 

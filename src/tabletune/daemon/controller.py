@@ -179,7 +179,7 @@ class Controller:
         replicas.update({key: rt.record for key, rt in self.replicas.items()})
         return DaemonState(
             saved_at=self.clock(),
-            last_evaluation=self.last_evaluation,
+            last_evaluation=getattr(self.source, "last_evaluation", self.last_evaluation),
             units=units,
             replicas=replicas,
         )
@@ -266,7 +266,6 @@ class Controller:
             )
             self._finish(report, now, checked)
             return report
-        self.last_evaluation = now
         for replica, problem in result.problems.items():
             report.problems[replica] = problem
             checked.add((replica, ""))

@@ -67,6 +67,9 @@ class SourceSettings(_Group):
     stale_after_s: float = Field(
         default=120.0, gt=0, description="data older than this is stale: no push, alert"
     )
+    query_delay_s: float = Field(
+        default=5.0, ge=0, description="evaluate Prometheus this far in the past (scrape lag)"
+    )
     max_window_s: float = Field(
         default=900.0, gt=0, description="longest increase() window after a gap (seconds)"
     )

@@ -1,0 +1,145 @@
+"""Daemon settings: every default pinned, bad values named by their variable, secrets masked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tabletune.daemon.settings import DaemonSettings, load_settings, masked, render_env_example
+from tabletune.errors import InputError
+
+DEFAULTS = {
+    "loop": {"interval_s": 15.0},
+    "source": {
+        "prometheus_url": None,
+        "replicas": (),
+        "replica_label": "instance",
+        "admin_url_template": "http://{replica}",
+        "timeout_s": 5.0,
+        "stale_after_s": 120.0,
+        "query_delay_s": 5.0,
+        "max_window_s": 900.0,
+    },
+    "profile": {"paths": (), "acceptance_path": None},
+    "estimator": {
+        "prior_weight": 2000.0,
+        "rebuild_every_drafts": 2000,
+        "prior_decay": False,
+        "scope": "replica",
+    },
+    "decision": {"min_gain": 0.01, "stickiness": 0.005, "load_memory": 0.8},
+    "plugin": {"exploration_interval": 50, "hysteresis": 2},
+    "admin": {"token": None, "timeout_s": 5.0, "retry_backoffs_s": (1.0, 1.0, 2.0, 3.0, 5.0)},
+    "guard": {
+        "enabled": True,
+        "max_drop": 0.05,
+        "window_s": 300.0,
+        "min_samples": 3,
+        "cooldown_s": 900.0,
+    },
+    "drift": {"acceptance_threshold": 0.15, "profile_threshold": 0.25, "min_steps": 100},
+    "alerts": {
+        "alertmanager_url": None,
+        "username": None,
+        "password": None,
+        "bearer_token": None,
+        "event_ttl_s": 900.0,
+        "timeout_s": 5.0,
+    },
+    "server": {"host": "0.0.0.0", "port": 9465},
+    "state": {"dir": Path("/var/lib/tabletune")},
+    "log": {"level": "info", "format": "json"},
+}
+
+
+def test_every_default_is_pinned() -> None:
+    settings = load_settings({})
+    assert settings.model_dump() == DEFAULTS
+
+
+def test_every_field_is_documented_and_in_the_env_example() -> None:
+    example = render_env_example()
+    for group, field in DaemonSettings.model_fields.items():
+        model = field.annotation
+        assert isinstance(model, type)
+        for name, sub in model.model_fields.items():  # type: ignore[attr-defined]
+            assert sub.description, f"{group}.{name} has no description"
+            assert f"#TABLETUNE_{group.upper()}__{name.upper()}=" in example
+
+
+def test_env_example_shows_defaults() -> None:
+    example = render_env_example()
+    assert "#TABLETUNE_ESTIMATOR__PRIOR_WEIGHT=2000.0" in example
+    assert "#TABLETUNE_ADMIN__RETRY_BACKOFFS_S=1.0,1.0,2.0,3.0,5.0" in example
+    assert "#TABLETUNE_GUARD__ENABLED=true" in example
+
+
+def test_lists_are_comma_separated() -> None:
+    settings = load_settings(
+        {
+            "TABLETUNE_SOURCE__REPLICAS": "http://a:8000, http://b:8000",
+            "TABLETUNE_ADMIN__RETRY_BACKOFFS_S": "0.5,2",
+            "TABLETUNE_PROFILE__PATHS": "p1.json,p2.json",
+        }
+    )
+    assert settings.source.replicas == ("http://a:8000", "http://b:8000")
+    assert settings.admin.retry_backoffs_s == (0.5, 2.0)
+    assert settings.profile.paths == (Path("p1.json"), Path("p2.json"))
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("TABLETUNE_LOOP__INTERVAL_S", "soon", "valid number"),
+        ("TABLETUNE_LOOP__INTERVAL_S", "-1", "greater than 0"),
+        ("TABLETUNE_ESTIMATOR__SCOPE", "cluster", "'replica' or 'pool'"),
+        ("TABLETUNE_ADMIN__RETRY_BACKOFFS_S", "1,x", "valid number"),
+        ("TABLETUNE_GUARD__ENABLED", "perhaps", "boolean"),
+        ("TABLETUNE_SERVER__PORT", "70000", "less than or equal"),
+    ],
+)
+def test_bad_values_name_the_variable(variable: str, value: str, words: str) -> None:
+    with pytest.raises(InputError) as caught:
+        load_settings({variable: value})
+    assert str(caught.value).startswith(variable + ":")
+    assert words in str(caught.value)
+
+
+def test_real_environment_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TABLETUNE_DECISION__MIN_GAIN", "0.05")
+    assert load_settings().decision.min_gain == 0.05
+
+
+def test_bad_env_at_start_is_one_clear_line_and_exit_2(tmp_path: Path) -> None:
+    env = {"TABLETUNE_DRIFT__MIN_STEPS": "many", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tabletune.cli.main", "daemon", "--once"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert "TABLETUNE_DRIFT__MIN_STEPS" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_secrets_are_masked() -> None:
+    settings = load_settings(
+        {
+            "TABLETUNE_ADMIN__TOKEN": "hunter2",
+            "TABLETUNE_ALERTS__PASSWORD": "s3cret",
+            "TABLETUNE_ALERTS__BEARER_TOKEN": "tok",
+            "TABLETUNE_ALERTS__USERNAME": "ops",
+        }
+    )
+    shown = masked(settings)
+    text = repr(shown)
+    assert "hunter2" not in text and "s3cret" not in text and "'tok'" not in text
+    assert shown["admin"]["token"] == "***"
+    assert shown["alerts"]["username"] == "ops"
+    assert settings.admin.token is not None and settings.admin.token.get_secret_value() == "hunter2"
