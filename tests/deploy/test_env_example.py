@@ -10,11 +10,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
+from tabletune.daemon import settings
 
 from .conftest import DEPLOY, SYSTEMD
-
-settings = pytest.importorskip("tabletune.daemon.settings")
 
 EXAMPLE = SYSTEMD / "tabletune.env.example"
 VARIABLE = re.compile(r"^#?(TABLETUNE_[A-Z0-9_]+)=(.*)$")

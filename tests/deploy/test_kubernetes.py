@@ -27,6 +27,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tabletune.daemon import settings
 from tabletune.schemas.table import normalize_ranges
 
 from .conftest import DEPLOY, explain, run_tool
@@ -125,7 +126,6 @@ def test_daemon_probes_its_health_endpoint_on_the_configured_port(
 
 
 def test_daemon_config_is_accepted_by_the_daemons_settings(tool: Callable[[str], str]) -> None:
-    settings = pytest.importorskip("tabletune.daemon.settings")
     for kustomization in ("base", "overlays/pool"):
         resources = _render(tool, kustomization)
         secret = _one(resources, "Secret")

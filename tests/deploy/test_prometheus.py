@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -94,3 +95,34 @@ def test_scrape_config_has_the_daemon_job_the_alert_expects() -> None:
     jobs = {job["job_name"] for job in _load(PROMETHEUS / "prometheus.yml")["scrape_configs"]}
     assert "tabletune-daemon" in jobs
     assert 'up{job="tabletune-daemon"}' in RULES.read_text()
+
+
+def _exported_daemon_series() -> set[str]:
+    from tabletune.daemon.metrics import DaemonMetrics
+
+    series: set[str] = set()
+    for family in DaemonMetrics().registry.collect():
+        series.add(family.name)
+        if family.type == "counter":
+            series.add(f"{family.name}_total")
+    return series
+
+
+def test_rules_read_only_series_the_daemon_exports() -> None:
+    used = set(re.findall(r"tabletune_daemon_[a-z_]+", RULES.read_text()))
+    assert used, "the rules use no daemon series"
+    assert used <= _exported_daemon_series(), used - _exported_daemon_series()
+
+
+def test_alerts_the_daemon_also_posts_have_the_same_severity() -> None:
+    from tabletune.daemon.alerts import SEVERITY
+
+    rules = {
+        rule["alert"]: rule["labels"]["severity"]
+        for group in _load(RULES)["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    shared = rules.keys() & SEVERITY.keys()
+    assert {"TableTuneStaleData", "TableTuneRollback", "TableTuneAcceptanceDrift"} <= shared
+    assert {name: rules[name] for name in shared} == {name: SEVERITY[name] for name in shared}

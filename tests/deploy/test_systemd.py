@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tabletune.daemon.settings import StateSettings
 from tabletune.schemas.table import normalize_ranges
 
 from .conftest import SYSTEMD, explain, run_tool
@@ -107,8 +108,7 @@ def test_unit_runs_the_daemon_as_the_issue_asks() -> None:
 
 
 def test_state_directory_is_the_daemons_default_state_dir() -> None:
-    settings = pytest.importorskip("tabletune.daemon.settings")
-    default = settings.StateSettings().dir
+    default = StateSettings().dir
     assert default == Path("/var/lib") / _directives(UNIT.read_text())["StateDirectory"][0]
 
 
