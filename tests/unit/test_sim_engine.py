@@ -1,0 +1,222 @@
+"""EngineSim counts as vLLM counts, within sampling error of the closed form."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tabletune.schemas import Profile, load_profile
+from tabletune.sim.build import build_engine, start_engine_side
+from tabletune.sim.engine import EngineSim, SimError
+from tabletune.sim.scenario import Scenario, parse_scenario
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE_PROFILE = REPO / "examples" / "sample-profile.json"
+RATES = (0.8, 0.6, 0.4)
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    return load_profile(SAMPLE_PROFILE)
+
+
+def scenario(**overrides: Any) -> Scenario:
+    data: dict[str, Any] = {
+        "name": "test",
+        "engine": {
+            "num_speculative_tokens": 3,
+            "max_num_seqs": 256,
+            "starting_table": [[1, 16, 3], [17, 32, 1], [33, 256, 0]],
+        },
+        "load": {"kind": "constant", "batch_size": 8},
+        "acceptance": {"kind": "constant", "rates": list(RATES)},
+    }
+    for key, value in overrides.items():
+        if key == "engine":
+            data["engine"] = {**data["engine"], **value}
+        else:
+            data[key] = value
+    return parse_scenario(data, source="test")
+
+
+def engine_for(profile: Profile, **overrides: Any) -> EngineSim:
+    return build_engine(scenario(**overrides), profile, base_dir=REPO)
+
+
+def within(observed: float, n: float, p: float, sigmas: float = 5.0) -> bool:
+    return abs(observed - n * p) <= sigmas * math.sqrt(max(n * p * (1 - p), 1.0))
+
+
+def test_constant_scenario_counters_match_the_closed_form(profile: Profile) -> None:
+    engine = engine_for(profile, load={"kind": "constant", "batch_size": 8})
+    engine.advance(60.0)
+    c = engine.counters
+    step_s = engine.step_time_s(8, 3)
+    assert c.steps == math.ceil(60.0 / step_s - 1e-9)
+    requests = c.steps * 8
+    assert c.num_drafts == requests
+    assert c.num_draft_tokens == 3 * requests
+    assert list(c.draft_tokens_per_pos) == [requests] * 3
+    for position, a in enumerate(RATES):
+        assert within(c.accepted_per_pos[position], requests, a), (position, c.accepted_per_pos)
+    assert c.num_accepted_tokens == int(c.accepted_per_pos.sum())
+    assert c.generation_tokens == requests + c.num_accepted_tokens
+    # Accepted per position is a prefix count: never increasing with the position.
+    assert np.all(np.diff(c.accepted_per_pos) <= 0)
+
+
+def test_table_k_per_batch_size_shapes_the_counters(profile: Profile) -> None:
+    one = engine_for(profile, load={"kind": "constant", "batch_size": 20})  # k=1 range
+    one.advance(10.0)
+    c = one.counters
+    assert c.num_draft_tokens == c.num_drafts == c.steps * 20
+    assert list(c.draft_tokens_per_pos) == [c.steps * 20, 0, 0]
+    assert c.accepted_per_pos[1] == c.accepted_per_pos[2] == 0
+    assert within(c.accepted_per_pos[0], c.steps * 20, RATES[0])
+
+    zero = engine_for(profile, load={"kind": "constant", "batch_size": 64})  # k=0 range
+    zero.advance(10.0)
+    assert zero.counters.num_drafts == 0 and zero.counters.num_draft_tokens == 0
+    assert zero.counters.generation_tokens == zero.counters.steps * 64
+    assert zero.counters.steps == math.ceil(10.0 / zero.step_time_s(64, 0) - 1e-9)
+
+
+def test_exploration_runs_the_longest_captured_k_every_n_steps(profile: Profile) -> None:
+    engine = engine_for(
+        profile,
+        load={"kind": "constant", "batch_size": 64},
+        engine={"exploration_interval": 10},
+    )
+    controller = start_engine_side(scenario(engine={"exploration_interval": 10}), engine)
+    engine.advance(5.0)
+    c = engine.counters
+    explored = c.steps // 10
+    assert controller.exploration_steps == explored
+    assert c.num_drafts == explored * 64
+    assert list(c.draft_tokens_per_pos) == [explored * 64] * 3
+    assert controller.view().exploration_steps == explored
+
+
+def test_hysteresis_holds_k_while_the_load_hovers_at_an_edge(profile: Profile) -> None:
+    hover = {
+        "kind": "sweep",
+        "batch_sizes": [15, 18, 15, 18],
+        "dwell_s": 1.0,
+    }
+    plain = engine_for(profile, load=hover)
+    start_engine_side(scenario(load=hover), plain)
+    plain.advance(4.0)
+    assert plain.counters.step_durations.keys() >= {(3, "8-15"), (1, "16-31")}
+
+    held = engine_for(profile, load=hover, engine={"hysteresis": 3})
+    start_engine_side(scenario(load=hover, engine={"hysteresis": 3}), held)
+    held.advance(4.0)
+    # k=3 from the start (B=15) is kept at B=18: within 3 of B=16, the last k=3 batch size.
+    assert {k for k, _ in held.counters.step_durations} == {3}
+
+
+def test_restart_resets_counters_and_waits_out_the_downtime(profile: Profile) -> None:
+    engine = engine_for(profile)
+    engine.advance(5.0)
+    assert engine.counters.steps > 0
+    restarted_at = engine.now
+    engine.restart(downtime_s=2.0)
+    assert engine.counters.steps == 0 and engine.running() == 0
+    engine.advance(1.5)
+    assert engine.counters.steps == 0
+    engine.advance_to(restarted_at + 3.0)  # runs for the last 1.0 s only
+    assert engine.counters.steps == math.ceil(1.0 / engine.step_time_s(8, 3) - 1e-9)
+
+
+def test_custom_policy_sees_every_step_index_in_order(profile: Profile) -> None:
+    seen: list[tuple[int, int]] = []
+
+    def alternate(batch_size: int, step_index: int) -> int:
+        seen.append((batch_size, step_index))
+        return 3 if step_index % 2 else 0
+
+    engine = build_engine(scenario(), profile, base_dir=REPO, choose_k=alternate)
+    engine.advance(2.0)
+    assert [i for _, i in seen] == list(range(len(seen)))
+    assert {b for b, _ in seen} == {8}
+    assert engine.counters.num_drafts == (len(seen) // 2) * 8
+
+
+def test_policy_returning_k_above_big_k_is_refused(profile: Profile) -> None:
+    engine = build_engine(scenario(), profile, base_dir=REPO, choose_k=lambda b, i: 4)
+    with pytest.raises(SimError, match=r"outside 0\.\.K=3"):
+        engine.advance(1.0)
+
+
+def test_no_requests_means_no_steps(profile: Profile) -> None:
+    engine = engine_for(
+        profile,
+        load={
+            "kind": "steps",
+            "steps": [{"at_s": 0, "batch_size": 0}, {"at_s": 3, "batch_size": 8}],
+        },
+    )
+    engine.advance(3.0)
+    assert engine.counters.steps == 0 and engine.now == pytest.approx(3.0)
+    batch = engine.step()
+    assert batch is not None and batch.steps == 1 and batch.batch_size == 8
+
+
+def test_step_noise_keeps_the_mean_step_time(profile: Profile) -> None:
+    engine = engine_for(profile, step_noise=0.2)
+    batches = []
+    engine.on_steps.append(batches.append)
+    engine.advance(30.0)
+    durations = np.concatenate([b.durations_s for b in batches])
+    assert durations.std() > 0
+    assert durations.mean() == pytest.approx(engine.step_time_s(8, 3), rel=0.02)
+
+
+def test_same_seed_same_counts(profile: Profile) -> None:
+    first, second = engine_for(profile, step_noise=0.1), engine_for(profile, step_noise=0.1)
+    first.advance(10.0)
+    second.advance(4.0)
+    second.advance(6.0)
+    assert first.counters.steps == second.counters.steps
+    assert first.counters.num_drafts == second.counters.num_drafts
+
+
+def test_acceptance_switch_changes_the_kept_share(profile: Profile) -> None:
+    engine = engine_for(
+        profile,
+        load={"kind": "constant", "batch_size": 8},
+        acceptance={
+            "kind": "switch",
+            "before": [0.8, 0.65, 0.5],
+            "after": [0.55, 0.3, 0.15],
+            "at_s": 20.0,
+        },
+    )
+    engine.advance(20.0)
+    before = engine.counters.accepted_per_pos.copy()
+    drafts_before = engine.counters.num_drafts
+    engine.advance(20.0)
+    after = engine.counters.accepted_per_pos - before
+    drafts_after = engine.counters.num_drafts - drafts_before
+    assert within(before[2], drafts_before, 0.5)
+    assert within(after[2], drafts_after, 0.15)
+
+
+def test_truth_scores_the_running_table_against_the_oracle(profile: Profile) -> None:
+    # At B=64 the starting table runs k=0, but k=1 pays even with low acceptance.
+    rates = {"kind": "constant", "rates": [0.3, 0.1, 0.02]}
+    load = {"kind": "constant", "batch_size": 64}
+    engine = engine_for(profile, acceptance=rates, load=load, truth_interval_s=5.0)
+    engine.advance(19.9)
+    intervals = list(engine.history)
+    assert len(intervals) == 3 and intervals[0].end_s == 5.0
+    best_k, best_goodput = engine.best_k(64, (0.3, 0.1, 0.02))
+    assert best_k == 1
+    for interval in intervals:
+        row = interval.as_dict()
+        assert row["efficiency"] is not None and row["efficiency"] < 1.0
+        assert row["oracle_goodput_tokens_per_s"] == pytest.approx(best_goodput, rel=0.01)
