@@ -1,0 +1,36 @@
+"""Every raw timing sample as measured, written even when a run stops half-way (then marked
+incomplete): the Profile needs a complete grid, this record does not."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tabletune.schemas.profile import ProfileMetadata
+
+
+class RawSample(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_size: int = Field(ge=1)
+    k: int = Field(ge=0)
+    short_s: float = Field(description="duration of the 1-token request")
+    long_s: float = Field(description="duration of the (1 + decode_tokens)-token request")
+    step_ms: float
+    round: int = Field(ge=0, description="0: first pass; 1..: re-measurements")
+
+
+class RawRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = 1
+    kind: Literal["tabletune.profile-raw"] = "tabletune.profile-raw"
+    metadata: ProfileMetadata
+    decode_tokens: int
+    prompt_tokens: int
+    batch_grid: tuple[int, ...]
+    ks: tuple[int, ...]
+    samples: list[RawSample] = Field(default_factory=list)
+    incomplete: bool = False
+    reason: str = ""

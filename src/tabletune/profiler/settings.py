@@ -1,0 +1,97 @@
+"""The profiler's settings: one object of grouped, documented dataclasses, built once by the
+CLI and passed down as ``settings=``. ``tests/unit/test_profiler_settings.py`` pins every default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GridSettings:
+    """Which batch sizes are measured."""
+
+    dense_until: int = 16
+    """every batch size 1..dense_until is measured (small B is where k matters most)"""
+    step: int = 8
+    """above dense_until, every ``step`` batch sizes up to max_num_seqs (which is always kept)"""
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    """How one (B, k) cell is measured: step = (t(1 + decode_tokens) - t(1)) / decode_tokens."""
+
+    prompt_tokens: int = 32
+    """length of each synthetic prompt (token ids, fresh for every request: no prefix-cache hits)"""
+    decode_tokens: int = 64
+    """extra output tokens of the long request; the difference with the 1-token request is
+    ``decode_tokens`` pure decode steps"""
+    repeats: int = 3
+    """samples per cell; the cell's step time is their median"""
+    warmup_batches: tuple[int, ...] = (1, 8, 64)
+    """batch sizes run once (not recorded) after each k is set, clipped to max_num_seqs"""
+    outlier_factor: float = 1.5
+    """a cell whose median differs from the median of its grid neighbours (same k, two on each
+    side) by more than this factor is re-measured"""
+    remeasure_rounds: int = 1
+    """extra rounds of ``repeats`` samples for suspicious cells; still jumpy after: flagged noisy"""
+    token_id_low: int = 1000
+    token_id_high: int = 30000
+    """prompt token ids are drawn from [low, high): valid for any vocabulary of >= 32k tokens"""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class AcceptanceSettings:
+    """How a^prior is measured: the longest K, the serving sampler, a prompt set."""
+
+    num_prompts: int = 160
+    max_tokens: int = 128
+    temperature: float = 0.0
+    """the serving temperature (0: greedy)"""
+    concurrency: int = 32
+    """prompts per request (vLLM runs a list of prompts as that many concurrent requests)"""
+    prompts_path: str | None = None
+    """JSONL: {"prompt": "text"} or {"prompt_token_ids": [...]} per line; None: synthetic ids"""
+    synthetic_rates: tuple[float, ...] | None = None
+    """test mode: the engine's synthetic sampler with these a_i instead of the serving sampler
+    (acceptance then must come back as set: a check of the whole counting path)"""
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """HTTP to the engine, with the retry schedule applied at this one I/O edge."""
+
+    request_timeout_s: float = 300.0
+    admin_token: str | None = None
+    retry_backoffs_s: tuple[float, ...] = (1.0, 2.0, 4.0)
+    """waits before retry 1, 2, 3 of a request that failed for a temporary reason"""
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How ``tabletune profile`` starts vLLM (ignored with --attach)."""
+
+    python: str = "python3"
+    server_module: str = "vllm.entrypoints.openai.api_server"
+    """run as ``python -m``; tests point it at a fake engine"""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0: a free port"""
+    startup_timeout_s: float = 900.0
+    stop_timeout_s: float = 30.0
+    log_tail_lines: int = 40
+    extra_args: tuple[str, ...] = ()
+    """passed to vLLM verbatim (e.g. --load-format dummy --skip-tokenizer-init)"""
+    env: tuple[tuple[str, str], ...] = ()
+    """extra environment for the server"""
+
+
+@dataclass(frozen=True)
+class ProfilerSettings:
+    grid: GridSettings = field(default_factory=GridSettings)
+    timing: TimingSettings = field(default_factory=TimingSettings)
+    acceptance: AcceptanceSettings = field(default_factory=AcceptanceSettings)
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
+    launch: LaunchSettings = field(default_factory=LaunchSettings)

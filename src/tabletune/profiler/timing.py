@@ -1,0 +1,100 @@
+"""Pure timing arithmetic: the batch grid, step time from two request durations, the cell
+statistic, and which cells disagree with their neighbours (re-measure them; never smooth)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+from tabletune.errors import InputError
+from tabletune.profiler.errors import MeasurementError
+from tabletune.schemas.profile import Cell
+
+CellKey = tuple[int, int]  # (batch_size, k)
+
+
+def batch_grid(max_num_seqs: int, *, dense_until: int = 16, step: int = 8) -> tuple[int, ...]:
+    """1..dense_until, then every ``step`` up to max_num_seqs; max_num_seqs is always included."""
+    if max_num_seqs < 1:
+        raise InputError("max_num_seqs must be >= 1")
+    if dense_until < 1 or step < 1:
+        raise InputError("grid: dense_until and step must be >= 1")
+    grid = list(range(1, min(dense_until, max_num_seqs) + 1))
+    b = dense_until + step
+    while b < max_num_seqs:
+        grid.append(b)
+        b += step
+    if grid[-1] != max_num_seqs:
+        grid.append(max_num_seqs)
+    return tuple(grid)
+
+
+def step_ms(short_s: float, long_s: float, decode_tokens: int) -> float:
+    """One decode step in ms from a 1-token and a (1 + decode_tokens)-token request of the same
+    batch: both pay the same prefill and overheads, the long one ``decode_tokens`` more steps."""
+    if decode_tokens < 1:
+        raise ValueError("decode_tokens must be >= 1")
+    return (long_s - short_s) * 1000.0 / decode_tokens
+
+
+def median(samples: Sequence[float]) -> float:
+    return float(statistics.median(samples))
+
+
+def suspicious_cells(
+    samples: Mapping[CellKey, Sequence[float]],
+    grid: Sequence[int],
+    *,
+    factor: float,
+    window: int = 2,
+) -> list[CellKey]:
+    """Cells to re-measure, in (k, B) order: a non-positive sample, or a median more than
+    ``factor`` away from the median of its neighbours on the grid (same k, up to ``window`` on
+    each side). The neighbours' median, not their mean, so one jumpy cell does not make its
+    neighbours look jumpy too."""
+    out: list[CellKey] = []
+    for k in sorted({k for _, k in samples}):
+        row = [(b, median(samples[(b, k)])) for b in grid if (b, k) in samples]
+        for index, (b, value) in enumerate(row):
+            if min(samples[(b, k)]) <= 0:
+                out.append((b, k))
+                continue
+            neighbours = [
+                row[j][1]
+                for j in range(index - window, index + window + 1)
+                if j != index and 0 <= j < len(row)
+            ]
+            if not neighbours:
+                continue
+            reference = median(neighbours)
+            if reference <= 0 or not 1.0 / factor <= value / reference <= factor:
+                out.append((b, k))
+    return out
+
+
+def build_cells(
+    samples: Mapping[CellKey, Sequence[float]], noisy: set[CellKey]
+) -> tuple[Cell, ...]:
+    """Cells with every raw sample and their median; ``noisy`` cells keep their measured median.
+
+    A non-positive sample cannot be a step time (the clock or the server misbehaved): that is
+    an error to report, not a value to keep.
+    """
+    cells = []
+    for (b, k), values in sorted(samples.items(), key=lambda item: (item[0][1], item[0][0])):
+        value = median(values)
+        if value <= 0 or min(values) <= 0:
+            raise MeasurementError(
+                f"B={b} k={k}: non-positive step time in samples {list(values)} "
+                "(the long request did not take longer than the short one)"
+            )
+        cells.append(
+            Cell(
+                batch_size=b,
+                k=k,
+                samples_ms=tuple(values),
+                step_ms=value,
+                noisy=(b, k) in noisy,
+            )
+        )
+    return tuple(cells)
