@@ -126,3 +126,15 @@ def test_alerts_the_daemon_also_posts_have_the_same_severity() -> None:
     shared = rules.keys() & SEVERITY.keys()
     assert {"TableTuneStaleData", "TableTuneRollback", "TableTuneAcceptanceDrift"} <= shared
     assert {name: rules[name] for name in shared} == {name: SEVERITY[name] for name in shared}
+
+
+def test_every_alert_has_a_runbook_section_in_the_operator_guide() -> None:
+    guide = (DEPLOY.parent / "docs" / "operator-guide.md").read_text()
+    headings = {line[4:].strip().lower() for line in guide.splitlines() if line.startswith("### ")}
+    for group in _load(RULES)["groups"]:
+        for rule in group["rules"]:
+            if "alert" not in rule:
+                continue
+            runbook = rule["annotations"]["runbook"]
+            assert runbook == f"docs/operator-guide.md#{rule['alert'].lower()}"
+            assert rule["alert"].lower() in headings, rule["alert"]
