@@ -85,6 +85,7 @@ class FakeEngine:
         self.config = config
         self.clock = clock or VirtualClock()
         self.real_time = False
+        self.healthy = True
         self.fail_next: list[int] = []
         """statuses to answer the next completions with (then normal again)"""
         self.hang_next = 0
@@ -159,7 +160,7 @@ class FakeEngine:
 
         @app.get("/health")
         async def health() -> Response:
-            return Response(status_code=200)
+            return Response(status_code=200 if self.healthy else 503)
 
         @app.get("/v1/models")
         async def models() -> JSONResponse:
@@ -246,7 +247,8 @@ def _main(argv: list[str] | None = None) -> None:
     parser.add_argument("--speculative-config")
     parser.add_argument("--fake-exit-at-start", type=int, default=None)
     parser.add_argument("--fake-step-ms", type=float, default=0.2)
-    args = parser.parse_args(argv)
+    parser.add_argument("--fake-never-healthy", action="store_true")
+    args, _vllm_flags_we_ignore = parser.parse_known_args(argv)
     print(f"fake vLLM starting: model={args.model}", flush=True)
     if args.fake_exit_at_start is not None:
         print("RuntimeError: CUDA out of memory (fake)", flush=True)
@@ -267,6 +269,7 @@ def _main(argv: list[str] | None = None) -> None:
     )
     engine = FakeEngine(config)
     engine.real_time = True
+    engine.healthy = not args.fake_never_healthy
     uvicorn.run(engine.app, host=args.host, port=args.port, log_level="warning")
 
 

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -56,6 +57,11 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra vLLM arguments, one string (e.g. '--load-format dummy --skip-tokenizer-init')",
     )
     engine.add_argument("--python", default=sys.executable, help="Python that has vLLM")
+    engine.add_argument(
+        "--server-module",
+        default=LaunchSettings.server_module,
+        help="module run as the server (default vLLM's OpenAI server)",
+    )
     engine.add_argument("--port", type=int, default=0, help="0: a free port")
     engine.add_argument("--startup-timeout", type=float, default=900.0, help="seconds")
     timing = parser.add_argument_group("timing")
@@ -103,6 +109,7 @@ def settings_from(args: argparse.Namespace) -> ProfilerSettings:
         ),
         launch=LaunchSettings(
             python=args.python,
+            server_module=args.server_module,
             port=args.port,
             startup_timeout_s=args.startup_timeout,
             extra_args=tuple(shlex.split(args.engine_args)),
@@ -110,7 +117,18 @@ def settings_from(args: argparse.Namespace) -> ProfilerSettings:
     )
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a scheduler's or ``timeout``'s stop) takes the Ctrl-C path: partial samples are
+    written and the server is stopped, instead of the process dying with vLLM left running."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def _run_profile(args: argparse.Namespace) -> int:
+    _stop_on_sigterm()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
     request = ProfileRequest(
@@ -144,6 +162,7 @@ def _run_profile(args: argparse.Namespace) -> int:
 
 
 def _run_check(args: argparse.Namespace) -> int:
+    _stop_on_sigterm()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
     request = CheckRequest(

@@ -4,6 +4,7 @@ CLI and passed down as ``settings=``. ``tests/unit/test_profiler_settings.py`` p
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 
@@ -73,7 +74,8 @@ class ConnectionSettings:
 class LaunchSettings:
     """How ``tabletune profile`` starts vLLM (ignored with --attach)."""
 
-    python: str = "python3"
+    python: str = sys.executable
+    """the Python that has vLLM (default: the one running the profiler)"""
     server_module: str = "vllm.entrypoints.openai.api_server"
     """run as ``python -m``; tests point it at a fake engine"""
     host: str = "127.0.0.1"
