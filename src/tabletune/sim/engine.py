@@ -117,11 +117,13 @@ class TruthInterval:
     expected_tokens: float = 0.0  # sum of B * tau_true(k) over steps
     oracle_tokens: float = 0.0  # oracle goodput (best allowed k per B, true a) * busy time
 
-    def as_dict(self) -> dict[str, float | int | None]:
-        span = self.end_s - self.start_s
+    def as_dict(self, *, until: float | None = None) -> dict[str, float | int | None]:
+        """As JSON; ``until`` cuts an interval still open at that time."""
+        end = self.end_s if until is None else max(self.start_s, min(self.end_s, until))
+        span = end - self.start_s
         return {
             "start_s": self.start_s,
-            "end_s": self.end_s,
+            "end_s": end,
             "steps": self.steps,
             "busy_s": self.busy_s,
             "mean_batch_size": self.request_steps / self.steps if self.steps else 0.0,

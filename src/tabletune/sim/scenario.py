@@ -310,7 +310,7 @@ def packaged_names() -> list[str]:
     return sorted(
         entry.name.rsplit(".", 1)[0]
         for entry in folder.iterdir()
-        if entry.name.endswith((".yaml", ".yml", ".json"))
+        if entry.name.endswith((".yaml", ".yml"))
     )
 
 

@@ -1,0 +1,78 @@
+"""``tabletune sim``: serve emulated engines, list and check scenarios."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tabletune.sim.build import resolve_profile, usable_step_times
+from tabletune.sim.scenario import load_scenario, packaged_names
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "sim", help="engine emulator: a vLLM-with-plugin look-alike for tests and demos"
+    )
+    commands = parser.add_subparsers(dest="sim_command", metavar="SIM_COMMAND")
+
+    serve = commands.add_parser(
+        "serve", help="serve /metrics, the admin API and /sim/v1/* for one or many engines"
+    )
+    serve.add_argument("--scenario", required=True, help="scenario file, or a packaged name")
+    serve.add_argument("--profile", help="profile JSON (default: the scenario's)")
+    where = serve.add_mutually_exclusive_group()
+    where.add_argument("--port", type=int, help="one engine on this port (default 8000)")
+    where.add_argument("--ports", help="one engine per port, A-B inclusive (e.g. 9000-9999)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--speed", type=float, default=1.0, help="simulated seconds per wall second (default 1)"
+    )
+    serve.set_defaults(run=run_serve)
+
+    listing = commands.add_parser("list", help="list the packaged scenarios")
+    listing.set_defaults(run=run_list)
+
+    check = commands.add_parser("check", help="validate a scenario (and its profile)")
+    check.add_argument("--scenario", required=True)
+    check.add_argument("--profile")
+    check.set_defaults(run=run_check)
+
+    parser.set_defaults(run=lambda args: (parser.print_help(), 2)[1])
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from tabletune.sim.serve import bind_sockets, build_replicas, parse_ports, serve
+
+    if not args.speed > 0:
+        print("tabletune sim: --speed must be > 0", file=sys.stderr)
+        return 2
+    scenario, base_dir = load_scenario(args.scenario)
+    profile = resolve_profile(scenario, base_dir, args.profile)
+    usable_step_times(scenario, profile)
+    ports = parse_ports(args.port, args.ports)
+    sockets = bind_sockets(args.host, ports)
+    replicas = build_replicas(scenario, profile, base_dir=base_dir, ports=ports, speed=args.speed)
+    span = f"{ports[0]}" if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
+    print(
+        f"tabletune sim: scenario {scenario.name!r}, {len(ports)} engine(s) on "
+        f"{args.host}:{span}, speed x{args.speed:g}",
+        flush=True,
+    )
+    serve(replicas, sockets, admin_token=scenario.engine.admin_token)
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    for name in packaged_names():
+        scenario, _ = load_scenario(name)
+        print(f"{name:24s} {scenario.description.splitlines()[0] if scenario.description else ''}")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    scenario, base_dir = load_scenario(args.scenario)
+    if args.profile is not None or scenario.profile is not None:
+        usable_step_times(scenario, resolve_profile(scenario, base_dir, args.profile))
+    print(f"{args.scenario}: ok ({scenario.name})")
+    return 0

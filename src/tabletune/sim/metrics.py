@@ -1,0 +1,181 @@
+"""``/metrics`` of an emulated engine: vLLM 0.26's series and the plugin's, read from the
+engine's counters at scrape time (a collector over one replica, in that replica's own
+``CollectorRegistry``; nothing global).
+
+Names, types, label names and buckets are the ones vLLM and the plugin use
+(``tabletune.metric_names``, ``tabletune.plugin.metrics_core``); a test compares them with the
+plugin's own families. Counters carry ``_created`` = the wall time the engine (re)started, so a
+restart shows to Prometheus exactly as vLLM's does: counters back at zero, a new ``_created``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tabletune import metric_names as names
+from tabletune.plugin.controller import EngineTableController
+from tabletune.plugin.metrics_core import STEP_DURATION_BUCKETS
+from tabletune.sim.engine import EngineSim
+
+ENGINE_LABELS = [names.LABEL_MODEL, names.LABEL_ENGINE]
+VLLM_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+
+
+class MetricsSource(Protocol):
+    """What the collector reads (a ``Replica``)."""
+
+    @property
+    def engine(self) -> EngineSim: ...
+
+    @property
+    def controller(self) -> EngineTableController: ...
+
+    @property
+    def created_wall(self) -> float: ...
+
+    @property
+    def label_values(self) -> tuple[str, str]: ...
+
+
+def bucket_label(bound: float) -> str:
+    """``le`` as prometheus_client writes it (1 -> "1.0", inf -> "+Inf")."""
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+def histogram_family(
+    name: str,
+    documentation: str,
+    labelnames: Sequence[str],
+    bounds: Sequence[float],
+    rows: Iterable[tuple[Sequence[str], np.ndarray, float]],
+    created: float,
+) -> Metric:
+    """A histogram from non-cumulative bucket counts (the last one is +Inf)."""
+    family = Metric(name, documentation, "histogram")
+    for values, counts, total in rows:
+        labels = dict(zip(labelnames, values, strict=True))
+        cumulative = np.cumsum(counts)
+        for bound, count in zip([*bounds, math.inf], cumulative, strict=True):
+            le = {**labels, "le": bucket_label(bound)}
+            family.add_sample(f"{name}_bucket", le, float(count))
+        family.add_sample(f"{name}_count", labels, float(cumulative[-1]))
+        family.add_sample(f"{name}_sum", labels, float(total))
+        family.add_sample(f"{name}_created", labels, created)
+    return family
+
+
+class SimCollector(Collector):
+    """Reads one replica's engine and engine side at every scrape."""
+
+    def __init__(self, source: MetricsSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        source = self._source
+        engine = source.engine
+        c = engine.counters
+        base = list(source.label_values)
+        created = source.created_wall
+        big_k = engine.num_speculative_tokens
+
+        def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, documentation, labels=ENGINE_LABELS)
+            family.add_metric(base, value, created=created)
+            return family
+
+        def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, documentation, labels=ENGINE_LABELS)
+            family.add_metric(base, value)
+            return family
+
+        def per_position(name: str, documentation: str, values: np.ndarray) -> Metric:
+            family = CounterMetricFamily(
+                name, documentation, labels=[*ENGINE_LABELS, names.LABEL_POSITION]
+            )
+            for position in range(big_k):
+                family.add_metric([*base, str(position)], float(values[position]), created=created)
+            return family
+
+        # vLLM 0.26
+        yield gauge(
+            names.VLLM_NUM_REQUESTS_RUNNING,
+            "Number of requests in model execution batches.",
+            engine.running(),
+        )
+        yield gauge(
+            VLLM_NUM_REQUESTS_WAITING,
+            "Number of requests waiting to be processed.",
+            engine.waiting(),
+        )
+        yield counter(
+            names.VLLM_GENERATION_TOKENS,
+            "Number of generation tokens processed.",
+            c.generation_tokens,
+        )
+        yield counter(names.VLLM_NUM_DRAFTS, "Number of spec decoding drafts.", c.num_drafts)
+        yield counter(names.VLLM_NUM_DRAFT_TOKENS, "Number of draft tokens.", c.num_draft_tokens)
+        yield counter(
+            names.VLLM_NUM_ACCEPTED_TOKENS, "Number of accepted tokens.", c.num_accepted_tokens
+        )
+        yield per_position(
+            names.VLLM_ACCEPTED_PER_POS, "Accepted tokens per draft position.", c.accepted_per_pos
+        )
+
+        # The TableTune plugin
+        yield per_position(
+            names.TT_DRAFT_TOKENS_PER_POS,
+            "Draft tokens per draft position.",
+            c.draft_tokens_per_pos,
+        )
+        yield histogram_family(
+            names.TT_DECODE_BATCH_SIZE,
+            "Number of decode requests per engine step.",
+            ENGINE_LABELS,
+            names.BATCH_SIZE_BUCKETS,
+            [(base, c.batch_size_counts, float(c.batch_size_sum))],
+            created,
+        )
+        yield histogram_family(
+            names.TT_STEP_DURATION,
+            "Histogram of pure-decode engine step durations in seconds, by draft length and "
+            "batch-size bucket.",
+            [*ENGINE_LABELS, names.LABEL_K, names.LABEL_BATCH_BUCKET],
+            STEP_DURATION_BUCKETS,
+            [
+                ([*base, str(k), bucket], histogram.counts, histogram.total_s)
+                for (k, bucket), histogram in sorted(c.step_durations.items())
+            ],
+            created,
+        )
+        state = source.controller.state
+        yield gauge(
+            names.TT_TABLE_VERSION,
+            "Version of the batch-size table (bumped on every accepted change).",
+            state.version,
+        )
+        ranges = GaugeMetricFamily(
+            names.TT_TABLE_RANGE_K,
+            "Draft length k of each range of the batch-size table.",
+            labels=[*ENGINE_LABELS, names.LABEL_RANGE_START, names.LABEL_RANGE_END],
+        )
+        for start, end, k in state.ranges or ():
+            ranges.add_metric([*base, str(start), str(end)], k)
+        yield ranges
+        yield counter(
+            names.TT_EXPLORATION_STEPS,
+            "Number of steps run at the longest draft length by exploration.",
+            source.controller.exploration_steps,
+        )
+
+
+def registry_for(source: MetricsSource) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SimCollector(source))
+    return registry
