@@ -1,0 +1,290 @@
+"""The emulator's HTTP face, in process (FastAPI TestClient, a fake wall clock)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tabletune import metric_names as names
+from tabletune.plugin.metrics_core import TableTuneMetrics
+from tabletune.schemas import Profile, load_profile
+from tabletune.sim.app import ReplicaSet, build_app
+from tabletune.sim.replica import Replica, SimClock
+from tabletune.sim.scenario import Scenario, parse_scenario
+from tabletune.sim.serve import build_replicas, parse_ports
+
+REPO = Path(__file__).resolve().parents[2]
+RATES = [0.8, 0.6, 0.4]
+
+
+class FakeWall:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    return load_profile(REPO / "examples" / "sample-profile.json")
+
+
+def scenario(**overrides: Any) -> Scenario:
+    data: dict[str, Any] = {
+        "name": "app",
+        "engine": {
+            "num_speculative_tokens": 3,
+            "max_num_seqs": 256,
+            "starting_table": [[1, 16, 3], [17, 32, 1], [33, 256, 0]],
+        },
+        "load": {"kind": "constant", "batch_size": 24},
+        "acceptance": {"kind": "constant", "rates": RATES},
+    }
+    for key, value in overrides.items():
+        data[key] = {**data[key], **value} if key == "engine" else value
+    return parse_scenario(data, source="test")
+
+
+class Harness:
+    def __init__(self, profile: Profile, speed: float = 10.0, **overrides: Any) -> None:
+        self.wall = FakeWall()
+        self.slept: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            self.slept.append(seconds)
+
+        clock = SimClock(speed=speed, start_wall=self.wall.now, wall=self.wall)
+        self.scenario = scenario(**overrides)
+        self.replica = Replica(self.scenario, profile, base_dir=REPO, clock=clock, sleep=sleep)
+        app = build_app(
+            ReplicaSet({8000: self.replica}), admin_token=self.scenario.engine.admin_token
+        )
+        self.client = TestClient(app)
+
+    def tick(self, wall_s: float) -> None:
+        self.wall.now += wall_s
+
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        response = self.client.get("/metrics")
+        assert response.status_code == 200, response.text
+        out = {}
+        for family in text_string_to_metric_families(response.text):
+            for sample in family.samples:
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return out
+
+    def value(self, name: str, **labels: str) -> float:
+        key = (name, tuple(sorted({"engine": "0", "model_name": "qwen3-4b", **labels}.items())))
+        return self.samples()[key]
+
+
+@pytest.fixture
+def harness(profile: Profile) -> Iterator[Harness]:
+    h = Harness(profile)
+    yield h
+    h.client.close()
+
+
+def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
+    """name -> (type, label names without le)."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        labels: set[str] = set()
+        for sample in family.samples:
+            labels |= set(sample.labels) - {"le"}
+        found[family.name] = (family.type, frozenset(labels))
+    return found
+
+
+def test_metrics_match_the_plugins_families_and_vllms_names(harness: Harness) -> None:
+    harness.tick(1.0)
+    ours = families(harness.client.get("/metrics").text)
+    registry = CollectorRegistry()
+    plugin = TableTuneMetrics(registry).for_engine(model_name="qwen3-4b", engine="0")
+    spec = SimpleNamespace(num_drafts=4, num_draft_tokens=12, num_draft_tokens_per_pos=[4, 4, 4])
+    plugin.record_step(spec, [0.005] * 4, 0)
+    plugin.publish_table([[1, 16, 3]], 1)
+    theirs = families(generate_latest(registry).decode())
+    plugin_names = {
+        names.TT_DRAFT_TOKENS_PER_POS,
+        names.TT_DECODE_BATCH_SIZE,
+        names.TT_STEP_DURATION,
+        names.TT_TABLE_VERSION,
+        names.TT_TABLE_RANGE_K,
+        names.TT_EXPLORATION_STEPS,
+    }
+    assert set(theirs) == plugin_names
+    for name, shape in theirs.items():
+        assert ours.get(name) == shape, name
+    engine_labels = frozenset({"engine", "model_name"})
+    assert ours[names.VLLM_NUM_DRAFTS] == ("counter", engine_labels)
+    assert ours[names.VLLM_ACCEPTED_PER_POS] == ("counter", engine_labels | {"position"})
+    assert ours[names.VLLM_GENERATION_TOKENS] == ("counter", engine_labels)
+    assert ours[names.VLLM_NUM_REQUESTS_RUNNING] == ("gauge", engine_labels)
+
+
+def test_counters_have_total_and_created(harness: Harness) -> None:
+    harness.tick(2.0)
+    text = harness.client.get("/metrics").text
+    assert 'vllm:spec_decode_num_drafts_total{engine="0",model_name="qwen3-4b"}' in text
+    assert 'vllm:spec_decode_num_drafts_created{engine="0",model_name="qwen3-4b"} 1e+06' in text
+    assert harness.value("vllm:num_requests_running") == 24.0
+    # B=24 is in the k=1 range: one draft token per draft.
+    drafts = harness.value("vllm:spec_decode_num_drafts_total")
+    assert drafts > 0
+    assert harness.value("vllm:spec_decode_num_draft_tokens_total") == drafts
+    assert harness.value("tabletune_spec_decode_num_draft_tokens_per_pos_total", position="1") == 0
+
+
+def test_metrics_follow_the_clock_times_speed(harness: Harness) -> None:
+    harness.tick(1.0)  # 10 simulated seconds
+    steps = harness.value("tabletune_decode_batch_size_count")
+    step_s = harness.replica.engine.step_time_s(24, 1)
+    assert steps == pytest.approx(10.0 / step_s, abs=1)
+    harness.tick(1.0)
+    assert harness.value("tabletune_decode_batch_size_count") == pytest.approx(2 * steps, abs=2)
+
+
+def test_put_table_changes_what_the_next_steps_draft(harness: Harness) -> None:
+    harness.tick(1.0)
+    before = harness.value("vllm:spec_decode_num_draft_tokens_total")
+    drafts_before = harness.value("vllm:spec_decode_num_drafts_total")
+    response = harness.client.put(
+        "/tabletune/v1/table", json={"table": [[1, 256, 3]]}, headers={"If-Match": '"0"'}
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["version"] == 1
+    harness.tick(1.0)
+    added = harness.value("vllm:spec_decode_num_draft_tokens_total") - before
+    drafts = harness.value("vllm:spec_decode_num_drafts_total") - drafts_before
+    assert added == 3 * drafts
+    assert harness.value("tabletune_table_version") == 1
+    assert harness.value("tabletune_table_range_k", range_start="1", range_end="256") == 3
+
+
+def test_admin_validation_is_the_plugins(harness: Harness) -> None:
+    bad = harness.client.put("/tabletune/v1/table", json={"table": [[1, 256, 2]]})
+    assert bad.status_code == 422 and "not in the starting table" in bad.json()["detail"]
+    stale = harness.client.put(
+        "/tabletune/v1/table", json={"table": [[1, 256, 3]]}, headers={"If-Match": "7"}
+    )
+    assert stale.status_code == 409
+    assert harness.client.get("/tabletune/v1/table").json()["version"] == 0
+
+
+def test_admin_token(profile: Profile) -> None:
+    h = Harness(profile, engine={"admin_token": "s3cret"})
+    assert h.client.get("/tabletune/v1/table").status_code == 401
+    ok = h.client.get("/tabletune/v1/table", headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
+
+
+def test_manual_faults(harness: Harness) -> None:
+    set_faults = harness.client.post("/sim/v1/faults", json={"admin_error_status": 502})
+    assert set_faults.json()["admin_error_status"] == 502
+    assert harness.client.get("/tabletune/v1/table").status_code == 502
+    harness.client.post("/sim/v1/faults", json={"clear": True, "admin_latency_s": 1.5})
+    assert harness.client.get("/tabletune/v1/table").status_code == 200
+    assert harness.slept == [1.5]
+    harness.client.post("/sim/v1/faults", json={"clear": True, "metrics_outage": True})
+    assert harness.client.get("/metrics").status_code == 503
+    harness.client.post("/sim/v1/faults", json={"clear": True, "metrics_delay_s": 0.25})
+    assert harness.client.get("/metrics").status_code == 200
+    assert harness.slept[-1] == 0.25
+    refused = harness.client.post("/sim/v1/faults", json={"admin_error_status": 404})
+    assert refused.status_code == 422
+
+
+def test_scheduled_faults_follow_simulated_time(profile: Profile) -> None:
+    h = Harness(
+        profile,
+        faults=[
+            {"kind": "admin_errors", "start_s": 10, "end_s": 20},
+            {"kind": "metrics_outage", "start_s": 30, "end_s": 40},
+        ],
+    )
+    assert h.client.get("/tabletune/v1/table").status_code == 200
+    h.tick(1.5)  # t = 15 s
+    assert h.client.get("/tabletune/v1/table").status_code == 503
+    assert h.client.get("/metrics").status_code == 200
+    h.tick(2.0)  # t = 35 s
+    assert h.client.get("/tabletune/v1/table").status_code == 200
+    assert h.client.get("/metrics").status_code == 503
+
+
+def test_restart_resets_counters_created_and_table(profile: Profile) -> None:
+    h = Harness(profile, faults=[{"kind": "restart", "at_s": 20, "downtime_s": 5}])
+    h.client.put("/tabletune/v1/table", json={"table": [[1, 256, 3]]})
+    h.tick(1.5)  # t = 15 s
+    before = h.value("vllm:spec_decode_num_drafts_total")
+    assert h.value("tabletune_table_version") == 1
+    h.tick(0.7)  # t = 22 s: down
+    assert h.client.get("/metrics").status_code == 503
+    assert h.client.get("/health").status_code == 503
+    assert h.client.get("/tabletune/v1/table").status_code == 503
+    h.tick(0.5)  # t = 27 s: back for 2 s
+    assert h.client.get("/health").status_code == 200
+    after = h.value("vllm:spec_decode_num_drafts_total")
+    assert 0 < after < before
+    assert h.value("vllm:spec_decode_num_drafts_created") == pytest.approx(1_000_000 + 2.5)
+    view = h.client.get("/tabletune/v1/table").json()
+    assert view["table"] == [[1, 16, 3], [17, 32, 1], [33, 256, 0]] and view["version"] == 0
+
+
+def test_restart_through_the_control_endpoint(harness: Harness) -> None:
+    harness.tick(1.0)
+    assert harness.value("vllm:spec_decode_num_drafts_total") > 0
+    assert harness.client.post("/sim/v1/restart", json={}).json()["restarts"] == 1
+    assert harness.value("vllm:spec_decode_num_drafts_total") == 0
+
+
+def test_truth_reports_oracle_and_loss(harness: Harness) -> None:
+    harness.tick(3.0)  # 30 s: three closed intervals of 10 s
+    truth = harness.client.get("/sim/v1/truth").json()
+    assert truth["rates"] == RATES
+    assert truth["oracle_table"] == [[1, 256, 3]]
+    current = truth["current"]
+    assert current["table_k"] == 1 and current["best_fixed_k"] == 3
+    assert 0 < current["loss"] < 1
+    assert len(truth["intervals"]) == 3
+    assert all(0 < i["efficiency"] < 1 for i in truth["intervals"])
+
+
+def test_load_and_acceptance_overrides(harness: Harness) -> None:
+    harness.tick(1.0)
+    harness.client.post("/sim/v1/load", json={"batch_size": 300})
+    harness.client.post("/sim/v1/acceptance", json={"rates": [0.5, 0.2, 0.1]})
+    harness.tick(0.1)
+    assert harness.value("vllm:num_requests_running") == 256
+    assert harness.value("vllm:num_requests_waiting") == 44
+    assert harness.client.get("/sim/v1/truth").json()["rates"] == [0.5, 0.2, 0.1]
+    bad = harness.client.post("/sim/v1/acceptance", json={"rates": [0.2, 0.5, 0.1]})
+    assert bad.status_code == 422 and "non-increasing" in bad.json()["detail"]
+
+
+def test_replicas_answer_on_their_own_port(profile: Profile) -> None:
+    wall = FakeWall()
+    ports = parse_ports(None, "9001-9003")
+    replicas = build_replicas(scenario(), profile, base_dir=REPO, ports=ports, speed=1.0, wall=wall)
+    client = TestClient(build_app(replicas))
+    client.put("http://127.0.0.1:9002/tabletune/v1/table", json={"table": [[1, 256, 0]]})
+    versions = [
+        client.get(f"http://127.0.0.1:{p}/tabletune/v1/table").json()["version"] for p in ports
+    ]
+    assert versions == [0, 1, 0]
+    assert client.get("http://127.0.0.1:9009/metrics").status_code == 404
+    assert client.get("http://127.0.0.1:9009/tabletune/v1/table").status_code == 503
+
+
+def test_health_version_models(harness: Harness) -> None:
+    assert harness.client.get("/health").status_code == 200
+    assert harness.client.get("/version").json() == {"version": "0.26.0"}
+    assert harness.client.get("/v1/models").json()["data"][0]["id"] == "qwen3-4b"
