@@ -121,7 +121,7 @@ def test_metrics_match_the_plugins_families_and_vllms_names(harness: Harness) ->
         names.TT_TABLE_RANGE_K,
         names.TT_EXPLORATION_STEPS,
     }
-    assert set(theirs) == plugin_names
+    assert plugin_names <= set(theirs)
     for name, shape in theirs.items():
         assert ours.get(name) == shape, name
     engine_labels = frozenset({"engine", "model_name"})
