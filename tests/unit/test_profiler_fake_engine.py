@@ -248,6 +248,7 @@ def _main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fake-exit-at-start", type=int, default=None)
     parser.add_argument("--fake-step-ms", type=float, default=0.2)
     parser.add_argument("--fake-never-healthy", action="store_true")
+    parser.add_argument("--fake-no-hook", action="store_true")
     args, _vllm_flags_we_ignore = parser.parse_known_args(argv)
     print(f"fake vLLM starting: model={args.model}", flush=True)
     if args.fake_exit_at_start is not None:
@@ -266,6 +267,7 @@ def _main(argv: list[str] | None = None) -> None:
         starting_table=spec.get("num_speculative_tokens_per_batch_size"),
         speculative=bool(spec),
         sampler=sampler,
+        hook=not args.fake_no_hook,
     )
     engine = FakeEngine(config)
     engine.real_time = True

@@ -141,6 +141,19 @@ def test_one_launch_profiles_and_the_server_is_stopped(tmp_path: Path) -> None:
     assert urls and port_is_closed(urls[0])
 
 
+def test_without_the_hook_each_sampler_gets_its_own_launch(tmp_path: Path) -> None:
+    no_hook = settings(extra_args=("--fake-step-ms", "20", "--fake-no-hook"))
+    reporter = QuietReporter()
+    run = ProfileRun(request(tmp_path), settings=no_hook, reporter=reporter)
+    run.run()
+    profile = load_profile(run.paths.profile)
+    assert "engine_restarts" in profile.metadata.wall_time_s
+    assert "sampler switch unavailable" in profile.metadata.notes
+    logs = sorted(run.paths.logs.glob("vllm-*.log"))
+    assert len(logs) == 3  # serving (unused), timing mode, acceptance's synthetic rates
+    assert load_acceptance(run.paths.acceptance).rates == pytest.approx((0.5, 0.25))
+
+
 def test_a_vllm_that_exits_at_start_fails_with_its_log_tail(tmp_path: Path) -> None:
     run = ProfileRun(
         request(tmp_path),

@@ -15,7 +15,7 @@ from tabletune.profiler.progress import Reporter
 from tabletune.profiler.prompts import TokenPrompts
 from tabletune.profiler.records import RawSample
 from tabletune.profiler.settings import TimingSettings
-from tabletune.profiler.timing import CellKey, step_ms, suspicious_cells
+from tabletune.profiler.timing import CellKey, median, step_ms, suspicious_cells
 
 log = logging.getLogger("tabletune.profiler")
 
@@ -120,7 +120,13 @@ class TimingMeasurer:
                 for _ in range(repeats):
                     cell.append(self.sample(batch, k, 0))
                     self._reporter.advance(f"k={k} B={batch}")
-            check_k_applied(self._engine.counters().minus(before), k)
+            delta = self._engine.counters().minus(before)
+            check_k_applied(delta, k)
+            row = ", ".join(f"{b}:{median(result.samples[(b, k)]):.2f}" for b in grid)
+            self._reporter.note(
+                f"k={k} done: {delta.drafts:.0f} drafts of exactly {k}, none accepted; "
+                f"step ms by B: {row}"
+            )
         self._reporter.done()
         self._remeasure(result, grid)
         return result

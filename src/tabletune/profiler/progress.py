@@ -51,7 +51,7 @@ class RichReporter:
     """One bar per phase with elapsed time and ETA; notes print above the bar."""
 
     def __init__(self, console: Console | None = None) -> None:
-        self._console = console or Console(stderr=True)
+        self._console = console or Console(stderr=True, soft_wrap=True)
         self._progress: Progress | None = None
         self._task: TaskID | None = None
 

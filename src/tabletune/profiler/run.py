@@ -252,11 +252,12 @@ class ProfileRun:
         return self._finish(timing, acceptance, session.notes)
 
     def _measure(self, session: EngineSession) -> tuple[TimingResult, AcceptanceProfile | None]:
+        """Launch in the serving configuration (standard sampler), switch to "every guess
+        rejected" for timing, then to the acceptance sampler. Without the hook: restarts."""
         r = self.request
-        big_k = r.num_speculative_tokens
-        serving = _acceptance_mode(self.settings)
-        timing_mode = SamplerMode.rejecting_all(big_k)
-        acceptance_wanted = self.settings.acceptance.enabled
+        serving = SamplerMode("standard")
+        timing_mode = SamplerMode.rejecting_all(r.num_speculative_tokens)
+        wanted = _acceptance_mode(self.settings) if self.settings.acceptance.enabled else None
 
         engine = session.current(serving)
         view = engine.table()  # fails early, clearly, without the plugin
@@ -268,22 +269,25 @@ class ProfileRun:
                 f"{view.allowed_k}); serving never runs them with CUDA graphs, so their times "
                 "would mislead: profile only those (--ks) or restart vLLM with a table holding them"
             )
-        acceptance: AcceptanceProfile | None = None
         if session.try_switch(timing_mode):
             timing = self._timing(session.current(timing_mode))
-            if acceptance_wanted:
-                acceptance = self._acceptance(session, session.engine_in(serving))
-        else:
-            # No run-time switch: measure acceptance on this engine first, then time on one
-            # started (or, attached, used) in timing mode.
-            if acceptance_wanted and r.attach_url is None:
-                acceptance = self._acceptance(session, engine)
-            timing = self._timing(session.engine_in(timing_mode))
-            if acceptance_wanted and r.attach_url is not None:
+            acceptance = None if wanted is None else self._acceptance(session.engine_in(wanted))
+            return timing, acceptance
+        if r.attach_url is not None:
+            timing = self._timing(engine)  # valid only if the server rejects every guess
+            if wanted is not None:
                 session.notes.append(
                     "acceptance not measured: the attached server cannot switch its sampler and "
                     "timing needs every guess rejected"
                 )
+            return timing, None
+        # Launched without a working hook: one restart per sampler the run still needs.
+        acceptance = None
+        if wanted == serving:
+            acceptance = self._acceptance(engine)
+        timing = self._timing(session.engine_in(timing_mode))
+        if wanted is not None and acceptance is None:
+            acceptance = self._acceptance(session.engine_in(wanted))
         return timing, acceptance
 
     def _record_starts(self, session: EngineSession) -> None:
@@ -307,7 +311,7 @@ class ProfileRun:
         self.wall["timing"] = self._clock() - t
         return result
 
-    def _acceptance(self, session: EngineSession, engine: EngineHttp) -> AcceptanceProfile | None:
+    def _acceptance(self, engine: EngineHttp) -> AcceptanceProfile:
         t = self._clock()
         prompts, source = _acceptance_prompts(self.settings)
         r = self.request
