@@ -406,3 +406,77 @@ def alertmanager(
 def python_command(*args: str) -> list[str]:
     """Run a module with the interpreter running the tests (the project's venv)."""
     return [sys.executable, *args]
+
+
+def free_port_range(count: int, *, attempts: int = 50) -> list[int]:
+    """``count`` consecutive ports that were all free a moment ago."""
+    import random
+
+    for _ in range(attempts):
+        base = random.randint(20_000, 60_000 - count)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return list(range(base, base + count))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+@dataclass
+class SimServer:
+    """A running ``tabletune sim serve``: one engine per port."""
+
+    ports: list[int]
+    log_path: Path
+    process: subprocess.Popen[bytes] = field(repr=False)
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
+    @property
+    def targets(self) -> list[str]:
+        """``host:port`` of each engine, for a Prometheus scrape config."""
+        return [f"127.0.0.1:{p}" for p in self.ports]
+
+
+@contextmanager
+def sim_server(
+    workdir: Path,
+    scenario: str | Path,
+    *,
+    replicas: int = 1,
+    speed: float = 1.0,
+    profile: str | Path | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+) -> Iterator[SimServer]:
+    """The engine emulator as users run it (the CLI, in a subprocess), on free ports."""
+    ports = free_port_range(replicas) if replicas > 1 else [free_port()]
+    command = python_command(
+        "-m", "tabletune.cli.main", "sim", "serve", "--scenario", str(scenario),
+        "--speed", str(speed),
+    )  # fmt: skip
+    command += (
+        ["--port", str(ports[0])] if replicas == 1 else ["--ports", f"{ports[0]}-{ports[-1]}"]
+    )
+    if profile is not None:
+        command += ["--profile", str(profile)]
+    log_path = workdir / f"sim-{ports[0]}.log"
+    with running(
+        command,
+        ready_url=f"http://127.0.0.1:{ports[-1]}/health",
+        log_path=log_path,
+        timeout_s=timeout_s,
+    ) as process:
+        yield SimServer(ports=ports, log_path=log_path, process=process)
