@@ -1,9 +1,10 @@
-"""The Prometheus source: ``increase()`` over exactly the interval since the last evaluation.
+"""The Prometheus source: counter increases over exactly the interval since the last evaluation.
 
-Consecutive evaluations use adjacent windows ``(last, now]``, so nothing is counted twice or
-skipped; ``increase`` handles counter resets, and ``resets()`` tells the controller a replica
-restarted. Replicas are the values of one series label (``instance`` by default), optionally
-filtered by a static list. Any query failure is an outage for the whole cycle: no push.
+Consecutive evaluations use adjacent windows ``(last, now]`` and value differences at their
+edges, so nothing is counted twice or skipped; ``increase()`` covers windows with a counter
+reset, and ``resets()`` tells the controller a replica restarted. Replicas are the values of
+one series label (``instance`` by default), optionally filtered by a static list. Any query
+failure is an outage for the whole cycle: no push.
 """
 
 from __future__ import annotations
@@ -32,6 +33,35 @@ def connect(settings: SourceSettings) -> QueryApi:
     assert settings.prometheus_url is not None
     client: QueryApi = PrometheusConnect(url=settings.prometheus_url, disable_ssl=True)
     return client
+
+
+def series(name: str) -> str:
+    """A selector for ``name`` as scraped: prometheus_client's OpenMetrics output (what
+    Prometheus asks for) spells vLLM's ``vllm:`` names as ``vllm_``; match both."""
+    if ":" not in name:
+        return name
+    return f'{{__name__=~"{name}|{name.replace(":", "_")}"}}'
+
+
+def counter_delta(selector: str, window: str) -> str:
+    """PromQL for a counter's increase over exactly ``(now - window, now]``, per series.
+
+    Without a reset it is the value now minus the value at the window's start, so adjacent
+    windows add up exactly (``increase()`` alone extrapolates to the edges and can lose the
+    step between two windows). A series that reset in the window uses ``increase()``, which
+    handles resets; one that went back without a reset sample in the window (the engine was
+    down across the edge) or did not exist at the start counts from zero.
+    """
+    x = selector
+    difference = f"({x} - {x} offset {window})"
+    reset = f"(resets({x}[{window}]) > 0)"
+    return f"(({difference} >= 0) unless {reset}) or (increase({x}[{window}]) and {reset}) or {x}"
+
+
+def counter_went_back(selector: str, window: str) -> str:
+    """Series whose counter reset in the window (the engine restarted)."""
+    x = selector
+    return f"((resets({x}[{window}]) > 0) or (({x} - {x} offset {window}) < 0))"
 
 
 def _window(seconds: float) -> str:
@@ -89,51 +119,30 @@ class PrometheusSource:
         window_s = min(at - since, self._settings.max_window_s)
         w = _window(window_s)
         label = self._label
+        drafts_total = series(f"{mn.VLLM_NUM_DRAFTS}_total")
+        accepted_total = series(f"{mn.VLLM_ACCEPTED_PER_POS}_total")
+        tokens_total = series(f"{mn.VLLM_GENERATION_TOKENS}_total")
+        running_now = series(mn.VLLM_NUM_REQUESTS_RUNNING)
         fresh = self._by(
-            f"max by ({label}, {mn.LABEL_MODEL}) (timestamp({mn.VLLM_NUM_DRAFTS}_total))",
+            f"max by ({label}, {mn.LABEL_MODEL}) (timestamp({drafts_total}))",
             at,
             mn.LABEL_MODEL,
         )
-        drafted = self._by(
-            f"sum by ({label}, {mn.LABEL_POSITION}) "
-            f"(increase({mn.TT_DRAFT_TOKENS_PER_POS}_total[{w}]))",
-            at,
-            mn.LABEL_POSITION,
-        )
-        accepted = self._by(
-            f"sum by ({label}, {mn.LABEL_POSITION}) "
-            f"(increase({mn.VLLM_ACCEPTED_PER_POS}_total[{w}]))",
-            at,
-            mn.LABEL_POSITION,
-        )
-        tokens = self._by(
-            f"sum by ({label}) (increase({mn.VLLM_GENERATION_TOKENS}_total[{w}]))", at
-        )
-        buckets = self._by(
-            f"sum by ({label}, le) (increase({mn.TT_DECODE_BATCH_SIZE}_bucket[{w}]))", at, "le"
-        )
-        batch_sum = self._by(f"sum by ({label}) (increase({mn.TT_DECODE_BATCH_SIZE}_sum[{w}]))", at)
-        batch_count = self._by(
-            f"sum by ({label}) (increase({mn.TT_DECODE_BATCH_SIZE}_count[{w}]))", at
-        )
-        running = self._by(
-            f"sum by ({label}) (avg_over_time({mn.VLLM_NUM_REQUESTS_RUNNING}[{w}]))", at
-        )
-        step_sum = self._by(
-            f"sum by ({label}, {mn.LABEL_K}, {mn.LABEL_BATCH_BUCKET}) "
-            f"(increase({mn.TT_STEP_DURATION}_sum[{w}]))",
-            at,
-            mn.LABEL_K,
-            mn.LABEL_BATCH_BUCKET,
-        )
-        step_count = self._by(
-            f"sum by ({label}, {mn.LABEL_K}, {mn.LABEL_BATCH_BUCKET}) "
-            f"(increase({mn.TT_STEP_DURATION}_count[{w}]))",
-            at,
-            mn.LABEL_K,
-            mn.LABEL_BATCH_BUCKET,
-        )
-        resets = self._by(f"sum by ({label}) (resets({mn.VLLM_NUM_DRAFTS}_total[{w}]))", at)
+
+        def increase(selector: str, *by: str) -> dict[tuple[str, ...], float]:
+            group = ", ".join((label, *by))
+            return self._by(f"sum by ({group}) ({counter_delta(selector, w)})", at, *by)
+
+        drafted = increase(f"{mn.TT_DRAFT_TOKENS_PER_POS}_total", mn.LABEL_POSITION)
+        accepted = increase(accepted_total, mn.LABEL_POSITION)
+        tokens = increase(tokens_total)
+        buckets = increase(f"{mn.TT_DECODE_BATCH_SIZE}_bucket", "le")
+        batch_sum = increase(f"{mn.TT_DECODE_BATCH_SIZE}_sum")
+        batch_count = increase(f"{mn.TT_DECODE_BATCH_SIZE}_count")
+        running = self._by(f"sum by ({label}) (avg_over_time({running_now}[{w}]))", at)
+        step_sum = increase(f"{mn.TT_STEP_DURATION}_sum", mn.LABEL_K, mn.LABEL_BATCH_BUCKET)
+        step_count = increase(f"{mn.TT_STEP_DURATION}_count", mn.LABEL_K, mn.LABEL_BATCH_BUCKET)
+        resets = self._by(f"count by ({label}) {counter_went_back(drafts_total, w)}", at)
         self.last_evaluation = at
 
         observations: dict[str, Observation] = {}

@@ -13,6 +13,8 @@ from tabletune import metric_names as mn
 from tabletune.daemon.observation import Observation
 from tabletune.errors import InputError
 
+OPENMETRICS_VLLM_PREFIX = "vllm_"
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -53,6 +55,8 @@ def parse_snapshot(text: str) -> Snapshot:
     for family in families:
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, float(sample.value)
+            if name.startswith(OPENMETRICS_VLLM_PREFIX):  # OpenMetrics spelling of "vllm:"
+                name = "vllm:" + name[len(OPENMETRICS_VLLM_PREFIX) :]
             if math.isnan(value):
                 continue
             if name == f"{mn.TT_DRAFT_TOKENS_PER_POS}_total":

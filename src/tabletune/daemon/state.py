@@ -64,6 +64,8 @@ class StateStore:
 
     def load(self) -> tuple[DaemonState, str | None]:
         """The saved state (or a fresh one) and, if the file was unusable, what was wrong."""
+        for leftover in self.directory.glob(f".{STATE_FILE}.*"):
+            leftover.unlink(missing_ok=True)  # temp files of writes killed half-way
         if not self.path.exists():
             return DaemonState(), None
         try:
