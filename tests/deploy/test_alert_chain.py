@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tabletune.daemon import alerts
+from tabletune.daemon.settings import AlertSettings
 from tests.support.servers import alertmanager, prometheus
 
 from .conftest import DEPLOY
@@ -142,3 +145,36 @@ def test_rollback_pages_and_table_change_goes_to_chat(
 
             received = prom.wait_for(both_delivered, timeout_s=30.0, what="alerts at the webhook")
     assert {name: received[name] for name in EXPECTED} == EXPECTED
+
+
+def test_alerts_posted_by_the_daemon_reach_the_same_receivers(
+    tmp_path: Path, endpoints: tuple[FakeEndpoints, int]
+) -> None:
+    # The Prometheus-less path: the daemon's own client posts to the shipped routing.
+    state, port = endpoints
+    expected = {
+        alerts.ROLLBACK: {"/page"},
+        alerts.ACCEPTANCE_DRIFT: {"/ticket"},
+        alerts.TABLE_SHIFTED: {"/chat"},
+    }
+    with alertmanager(tmp_path, config=_alertmanager_config(f"http://127.0.0.1:{port}")) as am:
+        client = alerts.AlertmanagerClient(settings=AlertSettings(alertmanager_url=am.url))
+        now = time.time()
+        try:
+            client.post(
+                [
+                    alerts.to_alertmanager(
+                        alerts.Alert(name, "test", replica="a:8000"),
+                        starts_at=now,
+                        ends_at=now + 600,
+                    )
+                    for name in expected
+                ]
+            )
+        finally:
+            client.close()
+        deadline = time.monotonic() + 30.0
+        while not _received(state).keys() >= expected.keys() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    received = _received(state)
+    assert {name: received.get(name) for name in expected} == expected

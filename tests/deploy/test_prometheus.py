@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from tabletune import metric_names as names
+from tabletune.daemon.alerts import SEVERITY
+from tabletune.daemon.metrics import DaemonMetrics
 
 from .conftest import DEPLOY, explain, run_tool
 
@@ -98,8 +100,6 @@ def test_scrape_config_has_the_daemon_job_the_alert_expects() -> None:
 
 
 def _exported_daemon_series() -> set[str]:
-    from tabletune.daemon.metrics import DaemonMetrics
-
     series: set[str] = set()
     for family in DaemonMetrics().registry.collect():
         series.add(family.name)
@@ -115,8 +115,6 @@ def test_rules_read_only_series_the_daemon_exports() -> None:
 
 
 def test_alerts_the_daemon_also_posts_have_the_same_severity() -> None:
-    from tabletune.daemon.alerts import SEVERITY
-
     rules = {
         rule["alert"]: rule["labels"]["severity"]
         for group in _load(RULES)["groups"]
