@@ -32,8 +32,8 @@ class TimingSettings:
     warmup_batches: tuple[int, ...] = (1, 8, 64)
     """batch sizes run once (not recorded) after each k is set, clipped to max_num_seqs"""
     outlier_factor: float = 1.5
-    """a cell whose median differs from the median of its grid neighbours (same k, two on each
-    side) by more than this factor is re-measured"""
+    """a cell whose median stands out from every grid neighbour (same k) by more than this
+    factor, in the same direction, is re-measured"""
     remeasure_rounds: int = 1
     """extra rounds of ``repeats`` samples for suspicious cells; still jumpy after: flagged noisy"""
     token_id_low: int = 1000

@@ -46,12 +46,12 @@ def suspicious_cells(
     grid: Sequence[int],
     *,
     factor: float,
-    window: int = 2,
 ) -> list[CellKey]:
-    """Cells to re-measure, in (k, B) order: a non-positive sample, or a median more than
-    ``factor`` away from the median of its neighbours on the grid (same k, up to ``window`` on
-    each side). The neighbours' median, not their mean, so one jumpy cell does not make its
-    neighbours look jumpy too."""
+    """Cells to re-measure, in (k, B) order: a non-positive sample, or a median that stands
+    out by more than ``factor`` from every neighbour, in the same direction (a lone spike or
+    dip). Neighbours are the grid cells either side (same k); at an end of the grid, the two on
+    the one side. A step that stays up (a real regime change) agrees with one neighbour and is
+    left alone; so is a steady rise."""
     out: list[CellKey] = []
     for k in sorted({k for _, k in samples}):
         row = [(b, median(samples[(b, k)])) for b in grid if (b, k) in samples]
@@ -59,15 +59,14 @@ def suspicious_cells(
             if min(samples[(b, k)]) <= 0:
                 out.append((b, k))
                 continue
-            neighbours = [
-                row[j][1]
-                for j in range(index - window, index + window + 1)
-                if j != index and 0 <= j < len(row)
-            ]
-            if not neighbours:
-                continue
-            reference = median(neighbours)
-            if reference <= 0 or not 1.0 / factor <= value / reference <= factor:
+            near = [j for j in (index - 1, index + 1) if 0 <= j < len(row)]
+            if len(near) == 1:
+                beyond = 2 * near[0] - index
+                near += [beyond] if 0 <= beyond < len(row) else []
+            ratios = [value / row[j][1] for j in near if row[j][1] > 0]
+            if ratios and (
+                all(r > factor for r in ratios) or all(r < 1.0 / factor for r in ratios)
+            ):
                 out.append((b, k))
     return out
 
