@@ -1,0 +1,120 @@
+"""The engine side's logic, pure: one engine's table state, requests in, lookups out.
+
+``EngineTableController`` runs inside the engine-core process. vLLM calls the utility methods
+between scheduler steps on the engine thread, so a change is one attribute assignment
+(``install``) that the next step sees whole. Every refusal leaves state and lookup untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from tabletune import __version__
+from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.admin.state import AdminError, TableState
+from tabletune.plugin.policy import StepPolicy
+from tabletune.plugin.wire import error_envelope, ok_envelope
+
+# What goes into Scheduler.dynamic_sd_lookup: a plain list, or a policy read once per step.
+Lookup = list[int] | StepPolicy
+Install = Callable[[Lookup], None]
+
+
+def _describe(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in problem['loc']) or 'body'}: {problem['msg']}"
+        for problem in error.errors()
+    )
+
+
+class EngineTableController:
+    """Holds a ``TableState`` and installs the matching lookup into the scheduler."""
+
+    def __init__(
+        self,
+        state: TableState,
+        install: Install,
+        *,
+        engine_version: str,
+        model_name: str | None = None,
+    ) -> None:
+        self._state = state
+        self._install = install
+        self._policy: StepPolicy | None = None
+        self._retired_exploration_steps = 0
+        self.engine_version = engine_version
+        self.model_name = model_name
+
+    @property
+    def state(self) -> TableState:
+        return self._state
+
+    @property
+    def exploration_steps(self) -> int:
+        live = self._policy.exploration_steps if self._policy is not None else 0
+        return self._retired_exploration_steps + live
+
+    def view(self) -> TableView:
+        view = self._state.view(
+            plugin_version=__version__,
+            engine_version=self.engine_version,
+            model_name=self.model_name,
+        )
+        return view.model_copy(update={"exploration_steps": self.exploration_steps})
+
+    # The three utility calls: plain dicts in and out (they cross a process boundary).
+
+    def get(self) -> dict[str, Any]:
+        return ok_envelope(self.view())
+
+    def put_table(self, body: object, if_match: int | None) -> dict[str, Any]:
+        return self._apply(
+            lambda: self._state.with_table(self._parse(TablePut, body), if_match=if_match)
+        )
+
+    def put_settings(self, body: object, if_match: int | None) -> dict[str, Any]:
+        return self._apply(
+            lambda: self._state.with_settings(self._parse(SettingsPut, body), if_match=if_match)
+        )
+
+    def _apply(self, transition: Callable[[], TableState]) -> dict[str, Any]:
+        try:
+            new_state = transition()
+        except AdminError as error:
+            return error_envelope(error)
+        self._swap(new_state)
+        return ok_envelope(self.view())
+
+    @staticmethod
+    def _parse(model: type[TablePut] | type[SettingsPut], body: object) -> Any:
+        if not isinstance(body, dict):
+            raise AdminError(422, "body must be a JSON object")
+        try:
+            return model.model_validate(body)
+        except ValidationError as error:
+            raise AdminError(422, _describe(error)) from None
+
+    def _swap(self, state: TableState) -> None:
+        self._state = state
+        if not state.dynamic:
+            return  # static k: nothing in the scheduler to replace (settings are recorded only)
+        previous = self._policy
+        if state.exploration_interval or state.hysteresis:
+            policy = StepPolicy(
+                state.lookup,
+                explore_k=max(state.allowed_k),
+                exploration_interval=state.exploration_interval,
+                hysteresis=state.hysteresis,
+                steps=previous.steps if previous is not None else 0,
+                previous_k=previous.previous_k if previous is not None else None,
+            )
+            self._install(policy)
+            self._policy = policy
+        else:
+            self._install(list(state.lookup))
+            self._policy = None
+        if previous is not None:
+            self._retired_exploration_steps += previous.exploration_steps

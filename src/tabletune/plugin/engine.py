@@ -1,0 +1,107 @@
+"""The ONE glue module to vLLM internals (vLLM 0.26.x only; anywhere else it does nothing).
+
+``register`` is the ``vllm.general_plugins`` entry point (``tabletune_engine``). vLLM runs it in
+every process (API server, engine core, workers). It
+
+1. wraps ``CudaGraphManager._init_candidates`` (the 0.26.0 start-up crash, see compat.py);
+2. adds three utility methods to ``EngineCore`` that the API server reaches with
+   ``engine_client.engine_core.call_utility_async(name, *args)``; they read and replace
+   ``Scheduler.dynamic_sd_lookup`` (index = batch size, read once per step in
+   ``Scheduler.schedule``) through a pure ``EngineTableController``.
+
+Every vLLM import is inside a function: this module imports without vLLM installed.
+Env: ``TABLETUNE_COMPAT_FIX=0`` leaves the crash in place (to show it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from tabletune.admin.state import TableState
+from tabletune.plugin.compat import is_affected_version, wrap_init_candidates
+from tabletune.plugin.controller import EngineTableController, Lookup
+from tabletune.plugin.wire import GET_TABLE, PUT_SETTINGS, PUT_TABLE
+
+LOGGER = logging.getLogger("vllm.tabletune.engine")
+CONTROLLER_ATTR = "_tabletune_controller"
+
+
+def register() -> None:
+    import vllm
+
+    version = str(vllm.__version__)
+    if not is_affected_version(version):
+        LOGGER.warning("tabletune: vLLM %s is not 0.26.x; the plugin stays inactive", version)
+        return
+    # An ImportError here must not take vLLM down: only the engine core needs the utilities
+    # and only the model runner's process needs the fix; the log says which part is missing.
+    try:
+        if os.environ.get("TABLETUNE_COMPAT_FIX", "1") != "0":
+            _apply_compat_fix()
+        _add_engine_utilities()
+    except ImportError as error:
+        LOGGER.warning("tabletune: vLLM internals not importable here (%s); inactive", error)
+
+
+def _apply_compat_fix() -> None:
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    manager = cudagraph_utils.CudaGraphManager
+    manager._init_candidates = wrap_init_candidates(manager._init_candidates)
+
+
+def _add_engine_utilities() -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    def get_table(self: Any) -> dict[str, Any]:
+        return controller_of(self).get()
+
+    def put_table(self: Any, body: dict[str, Any], if_match: int | None) -> dict[str, Any]:
+        return controller_of(self).put_table(body, if_match)
+
+    def put_settings(self: Any, body: dict[str, Any], if_match: int | None) -> dict[str, Any]:
+        return controller_of(self).put_settings(body, if_match)
+
+    for name, method in (
+        (GET_TABLE, get_table),
+        (PUT_TABLE, put_table),
+        (PUT_SETTINGS, put_settings),
+    ):
+        setattr(EngineCore, name, method)
+
+
+def controller_of(core: Any) -> EngineTableController:
+    """The engine core's controller, made on first use from its scheduler and config."""
+    found: EngineTableController | None = core.__dict__.get(CONTROLLER_ATTR)
+    if found is None:
+        import vllm
+
+        found = build_controller(core, engine_version=str(vllm.__version__))
+        setattr(core, CONTROLLER_ATTR, found)
+        LOGGER.info("tabletune: engine-side table admin ready (table %s)", found.state.ranges)
+    return found
+
+
+def build_controller(core: Any, *, engine_version: str) -> EngineTableController:
+    """A controller over ``core.scheduler`` (vLLM's EngineCore, or anything shaped like it)."""
+    scheduler = core.scheduler
+    spec = core.vllm_config.speculative_config
+    table = None if spec is None else spec.num_speculative_tokens_per_batch_size
+    state = TableState.initial(
+        None if table is None else [list(r) for r in table],
+        num_speculative_tokens=int(scheduler.num_spec_tokens),
+        max_num_seqs=int(scheduler.scheduler_config.max_num_seqs),
+    )
+
+    def install(lookup: Lookup) -> None:
+        scheduler.dynamic_sd_lookup = lookup  # one assignment: the next step sees it whole
+
+    model_name = core.vllm_config.model_config.served_model_name
+    return EngineTableController(
+        state,
+        install,
+        engine_version=engine_version,
+        model_name=None if model_name is None else str(model_name),
+    )

@@ -1,0 +1,72 @@
+"""The HTTP side's ``AdminBackend``: forwards each request to the engine-core process. Pure.
+
+``call`` is ``engine_client.engine_core.call_utility_async`` in vLLM; tests pass a fake that
+records calls. Validation happens in the engine (one authority); this side only relays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.admin.state import AdminError
+from tabletune.plugin.wire import GET_TABLE, PUT_SETTINGS, PUT_TABLE, view_from_envelope
+
+UtilityCall = Callable[..., Awaitable[Any]]
+ViewListener = Callable[[TableView], None]
+
+LOGGER = logging.getLogger("vllm.tabletune.http")
+
+
+class EngineUtilityBackend:
+    """Calls the engine side's utility methods; every answer's view goes to ``on_view``."""
+
+    def __init__(self, call: UtilityCall, *, on_view: ViewListener | None = None) -> None:
+        self._call = call
+        self._on_view = on_view
+
+    async def get_view(self) -> TableView:
+        return await self._invoke(GET_TABLE)
+
+    async def put_table(self, body: TablePut, if_match: int | None) -> TableView:
+        return await self._invoke(PUT_TABLE, body.model_dump(), if_match)
+
+    async def put_settings(self, body: SettingsPut, if_match: int | None) -> TableView:
+        return await self._invoke(PUT_SETTINGS, body.model_dump(exclude_none=True), if_match)
+
+    async def _invoke(self, name: str, *args: object) -> TableView:
+        try:
+            envelope = await self._call(name, *args)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # vLLM raises a bare Exception for a failed utility call
+            raise AdminError(
+                503,
+                f"engine did not answer {name} ({error}); is tabletune_engine in VLLM_PLUGINS?",
+            ) from None
+        view = view_from_envelope(envelope)
+        if self._on_view is not None:
+            self._on_view(view)
+        return view
+
+
+async def sync_views(
+    backend: EngineUtilityBackend,
+    *,
+    interval_s: float,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    max_rounds: int | None = None,
+) -> None:
+    """Read the engine's view every ``interval_s`` so the gauges follow the engine (and count
+    exploration steps) even when nobody calls the API. A failed read is logged; the loop goes on."""
+    rounds = 0
+    while max_rounds is None or rounds < max_rounds:
+        rounds += 1
+        try:
+            await backend.get_view()
+        except AdminError as error:
+            LOGGER.debug("tabletune: engine view not read: HTTP %s %s", error.status, error.detail)
+        await sleep(interval_s)

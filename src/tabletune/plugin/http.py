@@ -1,0 +1,67 @@
+"""The ``vllm.endpoint_plugins`` entry point (``tabletune_http``): the admin API in vLLM's server.
+
+vLLM 0.26's ``EndpointPlugin`` protocol: ``attach_router(app)`` only registers routes (at
+``build_app``), ``init_state(engine_client, state, args)`` only prepares state (at
+``init_app_state``). Routes find the backend on ``app.state`` per request: none -> 503.
+Endpoint plugins are opt-in: vLLM loads this only when ``tabletune_http`` is in VLLM_PLUGINS.
+No vLLM import needed: the engine client is used through ``engine_core.call_utility_async``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from argparse import Namespace
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from tabletune.admin.router import AdminBackend, build_router
+from tabletune.plugin.engine_backend import EngineUtilityBackend, sync_views
+from tabletune.plugin.metrics_core import TableTuneMetrics
+
+LOGGER = logging.getLogger("vllm.tabletune.http")
+TOKEN_ENV = "TABLETUNE_ADMIN_TOKEN"
+SYNC_ENV = "TABLETUNE_SYNC_INTERVAL_S"
+STATE_BACKEND = "tabletune_backend"
+STATE_SYNC_TASK = "tabletune_sync_task"
+
+
+def backend_of(request: Request) -> AdminBackend | None:
+    backend: AdminBackend | None = getattr(request.app.state, STATE_BACKEND, None)
+    return backend
+
+
+class TableTuneEndpoint:
+    """GET/PUT ``/tabletune/v1/table`` and ``/tabletune/v1/settings`` on vLLM's API server."""
+
+    name = "tabletune_http"
+    required_tasks: tuple[str, ...] | None = None  # no engine (render server) -> 503
+
+    def __init__(self, *, metrics: TableTuneMetrics | None = None) -> None:
+        self._metrics = metrics
+
+    def attach_router(self, app: FastAPI) -> None:
+        token = os.environ.get(TOKEN_ENV) or None
+        app.include_router(build_router(backend_of, token=token))
+        LOGGER.info("tabletune: admin API attached (token auth %s)", "on" if token else "off")
+
+    async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
+        if engine_client is None:
+            setattr(state, STATE_BACKEND, None)
+            return
+        metrics = self._metrics or TableTuneMetrics.shared()
+        model_name = str(engine_client.vllm_config.model_config.served_model_name)
+        # The API server talks to engine 0 (vLLM answers utility calls from the first engine).
+        engine_metrics = metrics.for_engine(model_name=model_name, engine="0")
+        backend = EngineUtilityBackend(
+            engine_client.engine_core.call_utility_async, on_view=engine_metrics.publish_view
+        )
+        setattr(state, STATE_BACKEND, backend)
+        interval = float(os.environ.get(SYNC_ENV, "5"))
+        if interval > 0:
+            task = asyncio.get_running_loop().create_task(
+                sync_views(backend, interval_s=interval), name="tabletune-sync"
+            )
+            setattr(state, STATE_SYNC_TASK, task)  # keep a reference (tasks are weakly held)

@@ -1,0 +1,117 @@
+"""Per-step draft-length decision: the table, plus exploration and edge hysteresis. Pure.
+
+vLLM 0.26's scheduler reads ``Scheduler.dynamic_sd_lookup[batch_size]`` exactly once per
+scheduled step (``Scheduler.schedule``). Installing a ``StepPolicy`` there instead of the plain
+dense list makes both behaviours act per step without patching vLLM code: the read *is* the hook.
+With both off the engine side installs a plain list, so the default costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def hysteresis_masks(lookup: Sequence[int], hysteresis: int) -> tuple[int, ...]:
+    """For each batch size b, a bit mask of the k the table uses within ``hysteresis`` of b.
+
+    Bit k of ``masks[b]`` is set when some b' with ``|b - b'| <= hysteresis`` has
+    ``lookup[b'] == k``. Index 0 (unused by vLLM) maps to 0. O(len * distinct k).
+    """
+    size = len(lookup)
+    masks = [0] * size
+    if size <= 1:
+        return tuple(masks)
+    for k in set(lookup[1:]):
+        # Distance from each b to the nearest b' holding k, left pass then right pass.
+        distance = [size] * size
+        last = -size
+        for b in range(1, size):
+            if lookup[b] == k:
+                last = b
+            distance[b] = b - last
+        last = 2 * size
+        for b in range(size - 1, 0, -1):
+            if lookup[b] == k:
+                last = b
+            distance[b] = min(distance[b], last - b)
+        bit = 1 << k
+        for b in range(1, size):
+            if distance[b] <= hysteresis:
+                masks[b] |= bit
+    return tuple(masks)
+
+
+class StepPolicy:
+    """Stands in for vLLM's dense lookup: ``policy[batch_size]`` is the k for this step.
+
+    - Exploration (``exploration_interval`` N > 0): every N-th step runs at ``explore_k`` (the
+      longest captured k), so positions above the table's k keep being observed.
+    - Hysteresis (h > 0): keep the k of the previous step while the batch size is within h of a
+      batch size where the table uses that k, so a load hovering at an edge does not flip k.
+
+    Each read counts as one scheduled step; only the scheduler's single read per step may use it.
+    """
+
+    __slots__ = (
+        "_explore_k",
+        "_interval",
+        "_last",
+        "_lookup",
+        "_masks",
+        "_previous_k",
+        "exploration_steps",
+        "steps",
+    )
+
+    def __init__(
+        self,
+        lookup: Sequence[int],
+        *,
+        explore_k: int,
+        exploration_interval: int = 0,
+        hysteresis: int = 0,
+        steps: int = 0,
+        previous_k: int | None = None,
+    ) -> None:
+        if len(lookup) < 2:
+            raise ValueError("lookup must cover batch size 1 (index 0 is unused)")
+        if exploration_interval < 0 or hysteresis < 0:
+            raise ValueError("exploration_interval and hysteresis must be >= 0")
+        self._lookup = tuple(lookup)
+        self._last = len(lookup) - 1
+        self._explore_k = explore_k
+        self._interval = exploration_interval
+        self._masks = hysteresis_masks(self._lookup, hysteresis) if hysteresis else None
+        self._previous_k = previous_k
+        self.steps = steps
+        self.exploration_steps = 0
+
+    def __len__(self) -> int:
+        return len(self._lookup)
+
+    def __getitem__(self, batch_size: int) -> int:
+        b = batch_size if 1 <= batch_size <= self._last else max(1, min(batch_size, self._last))
+        self.steps += 1
+        k = self._lookup[b]
+        previous = self._previous_k
+        if (
+            self._masks is not None
+            and previous is not None
+            and previous != k
+            and (self._masks[b] >> previous) & 1
+        ):
+            k = previous
+        self._previous_k = k
+        if self._interval and self.steps % self._interval == 0 and k != self._explore_k:
+            # The exploration step does not become the "previous k" of hysteresis.
+            self.exploration_steps += 1
+            return self._explore_k
+        return k
+
+    @property
+    def previous_k(self) -> int | None:
+        return self._previous_k
+
+    def table_k(self, batch_size: int) -> int:
+        """The table's own k (no exploration, no hysteresis, no step counted)."""
+        return self._lookup[max(1, min(batch_size, self._last))]

@@ -1,0 +1,42 @@
+"""What travels between the API-server process and the engine-core process. Pure.
+
+The HTTP side calls ``engine_client.engine_core.call_utility_async(name, *args)``; the engine
+side answers with a plain dict (msgpack-safe) that carries either the new view or the refusal,
+so a 409/422 decided in the engine reaches the client with its status and reason intact
+(vLLM would turn a raised exception into a bare failure string).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from tabletune.admin.protocol import TableView
+from tabletune.admin.state import AdminError
+
+# EngineCore methods added by the engine side (tabletune.plugin.engine).
+GET_TABLE = "tabletune_get_table"
+PUT_TABLE = "tabletune_put_table"
+PUT_SETTINGS = "tabletune_put_settings"
+
+
+def ok_envelope(view: TableView) -> dict[str, Any]:
+    return {"status": 200, "view": view.model_dump()}
+
+
+def error_envelope(error: AdminError) -> dict[str, Any]:
+    return {"status": error.status, "detail": error.detail}
+
+
+def view_from_envelope(envelope: object) -> TableView:
+    """The view inside an engine answer; raises the engine's refusal as ``AdminError``."""
+    if not isinstance(envelope, dict) or not isinstance(envelope.get("status"), int):
+        raise AdminError(502, f"malformed answer from the engine: {envelope!r:.200}")
+    status: int = envelope["status"]
+    if status != 200:
+        raise AdminError(status, str(envelope.get("detail", "refused by the engine")))
+    try:
+        return TableView.model_validate(envelope.get("view"))
+    except ValidationError as error:
+        raise AdminError(502, f"malformed view from the engine: {error}") from None
