@@ -27,7 +27,7 @@ timeout -s INT "${PROFILE_TIME_LIMIT_S:-540}" python3 -m tabletune.cli.main prof
   --model "$MODELS/$shape" --drafter "$MODELS/$shape-eagle3" --method eagle3 \
   --num-speculative-tokens 3 --max-num-seqs "${MAX_NUM_SEQS:-256}" \
   --server-module "${SERVER_MODULE:-vllm.entrypoints.openai.api_server}" \
-  --engine-args "${ENGINE_ARGS:---load-format dummy --skip-tokenizer-init}" \
+  --engine-args "${ENGINE_ARGS:---load-format dummy --skip-tokenizer-init --max-model-len 4096}" \
   --decode-tokens "${DECODE_TOKENS:-32}" --repeats "${REPEATS:-3}" \
   --acceptance-synthetic-rates "$rates" --acceptance-max-tokens 256 \
   --notes "bench/gpu/profile_h200.sh $shape: dummy weights, one launch" \
