@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The daemon repairing a bad table on the emulator, live (no GPU, no Prometheus; ~1 minute).
 demo: $(STAMP)
-	$(BIN)/tabletune solve --profile examples/sample-profile.json
-	$(BIN)/tabletune compare --profile examples/sample-profile.json --table docs --table examples/quarter-docs-table.json
+	$(BIN)/tabletune demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
