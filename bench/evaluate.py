@@ -738,6 +738,17 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _rounded(value: Any) -> Any:
+    """Floats to 6 significant digits (the JSON stays readable and small)."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {key: _rounded(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_rounded(item) for item in value]
+    return value
+
+
 def _plain(value: object) -> object:
     """numpy scalars -> Python ones for JSON."""
     if isinstance(value, np.generic):
@@ -809,7 +820,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown_path = str(profile_path)
     record = {
         "benchmark": "bench/evaluate.py",
-        "command": ".venv/bin/python bench/evaluate.py " + " ".join(argv or sys.argv[1:]),
+        "command": " ".join([".venv/bin/python bench/evaluate.py", *(argv or sys.argv[1:])]),
         "device": device(),
         "engine_version": "vLLM 0.26.0 (emulated: step times from the profile)",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -840,11 +851,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "goals": goals,
         "results": results,
-        "raw": raw,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1, default=_plain) + "\n")
+    raw_path = out.with_name(out.stem + "_raw.json")
+    record["raw"] = f"{raw_path.name}: per seed, load and set, every adaptive run"
+    out.write_text(json.dumps(_rounded(record), indent=1, default=_plain) + "\n")
+    raw_path.write_text(json.dumps(_rounded(raw), separators=(",", ":"), default=_plain) + "\n")
     plot(results, loads, raw, out)
     print(markdown(record))
     print(f"wrote {out} and PNGs next to it ({wall_s:.0f} s)")
