@@ -11,18 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import REGISTRY, CollectorRegistry
+
 from tabletune.plugin.metrics_core import TableTuneMetrics
 
 
-def make_stat_logger_class(base: type) -> type:
-    """A stat logger class deriving from ``base`` (vLLM's ``StatLoggerBase``)."""
+def make_stat_logger_class(base: type, registry: CollectorRegistry = REGISTRY) -> type:
+    """A stat logger class deriving from ``base`` (vLLM's ``StatLoggerBase``), publishing into
+    ``registry`` (by default the one vLLM's ``/metrics`` serves in the API-server process)."""
 
     class TableTuneStatLogger(base):  # type: ignore[misc]
         """Per-position draft counts, decode batch sizes, step durations by (k, B bucket)."""
 
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             spec = vllm_config.speculative_config
-            self._metrics = TableTuneMetrics.shared().for_engine(
+            self._metrics = TableTuneMetrics.shared(registry).for_engine(
                 model_name=str(vllm_config.model_config.served_model_name),
                 engine=str(engine_index),
             )

@@ -1,0 +1,126 @@
+"""The engine side's logic with a fake scheduler: swaps, versions, refusals change nothing."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tabletune.admin.state import AdminError, TableState
+from tabletune.plugin.controller import EngineTableController
+from tabletune.plugin.engine import build_controller
+from tabletune.plugin.policy import StepPolicy
+from tabletune.plugin.wire import view_from_envelope
+from tabletune.schemas.table import dense_lookup
+
+START = [[1, 1, 0], [2, 2, 1], [3, 3, 2], [4, 256, 3]]
+
+
+def fake_core(table: list[list[int]] | None = START) -> Any:
+    spec = SimpleNamespace(num_speculative_tokens=3, num_speculative_tokens_per_batch_size=table)
+    scheduler = SimpleNamespace(
+        num_spec_tokens=3,
+        scheduler_config=SimpleNamespace(max_num_seqs=256),
+        dynamic_sd_lookup=None
+        if table is None
+        else dense_lookup(
+            [tuple(r) for r in table],
+            256,
+            3,  # type: ignore[misc]
+        ),
+    )
+    vllm_config = SimpleNamespace(
+        speculative_config=spec, model_config=SimpleNamespace(served_model_name="qwen3-4b")
+    )
+    return SimpleNamespace(scheduler=scheduler, vllm_config=vllm_config)
+
+
+def test_built_from_the_engines_config() -> None:
+    controller = build_controller(fake_core(), engine_version="0.26.0")
+    view = view_from_envelope(controller.get())
+    assert view.table == START and view.allowed_k == [0, 1, 2, 3] and view.version == 0
+    assert view.model_name == "qwen3-4b" and view.engine_version == "0.26.0"
+
+
+def test_put_installs_the_new_lookup_in_the_scheduler() -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    view = view_from_envelope(controller.put_table({"table": [[1, 256, 2]]}, None))
+    assert view.version == 1 and view.table == [[1, 256, 2]]
+    lookup = core.scheduler.dynamic_sd_lookup
+    assert isinstance(lookup, list) and lookup[1] == 2 and lookup[256] == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "if_match", "status"),
+    [
+        ({"table": [[1, 8, 3], [8, 256, 1]]}, None, 422),
+        ({"table": [[1, 256, 4]]}, None, 422),
+        ({"table": [[1, 256, "2"]]}, None, 422),
+        ({"table": [[1, 256, 1]], "extra": 1}, None, 422),
+        ([[1, 256, 1]], None, 422),
+        ({"table": [[1, 256, 1]]}, 5, 409),
+    ],
+)
+def test_refusals_keep_state_and_lookup(body: object, if_match: int | None, status: int) -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    before_lookup = core.scheduler.dynamic_sd_lookup
+    envelope = controller.put_table(body, if_match)
+    assert envelope["status"] == status
+    with pytest.raises(AdminError):
+        view_from_envelope(envelope)
+    assert core.scheduler.dynamic_sd_lookup is before_lookup
+    assert view_from_envelope(controller.get()).version == 0
+
+
+def test_uncaptured_k_needs_the_override() -> None:
+    core = fake_core([[1, 64, 3], [65, 256, 1]])
+    controller = build_controller(core, engine_version="0.26.0")
+    assert controller.put_table({"table": [[1, 256, 2]]}, None)["status"] == 422
+    forced = controller.put_table({"table": [[1, 256, 2]], "allow_uncaptured": True}, None)
+    assert forced["status"] == 200 and core.scheduler.dynamic_sd_lookup[10] == 2
+
+
+def test_static_k_get_says_so_and_put_is_409() -> None:
+    core = fake_core(None)
+    controller = build_controller(core, engine_version="0.26.0")
+    view = view_from_envelope(controller.get())
+    assert view.dynamic is False and view.table is None and view.reason
+    envelope = controller.put_table({"table": [[1, 256, 1]]}, None)
+    assert envelope["status"] == 409 and "restart" in envelope["detail"]
+    assert core.scheduler.dynamic_sd_lookup is None
+
+
+def test_settings_install_a_policy_and_off_restores_a_plain_list() -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    controller.put_table({"table": [[1, 256, 1]]}, None)
+    view = view_from_envelope(controller.put_settings({"exploration_interval": 4}, 1))
+    assert view.exploration_interval == 4 and view.version == 2
+    policy = core.scheduler.dynamic_sd_lookup
+    assert isinstance(policy, StepPolicy)
+    assert [policy[10] for _ in range(8)] == [1, 1, 1, 3, 1, 1, 1, 3]
+    assert view_from_envelope(controller.get()).exploration_steps == 2
+    view = view_from_envelope(controller.put_settings({"exploration_interval": 0}, None))
+    assert isinstance(core.scheduler.dynamic_sd_lookup, list)
+    assert view.exploration_steps == 2  # counted steps survive the swap
+
+
+def test_settings_refusal_keeps_the_policy() -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    controller.put_settings({"hysteresis": 3}, None)
+    policy = core.scheduler.dynamic_sd_lookup
+    assert controller.put_settings({"hysteresis": -1}, None)["status"] == 422
+    assert controller.put_settings({"hysteresis": 1}, 0)["status"] == 409
+    assert core.scheduler.dynamic_sd_lookup is policy
+
+
+def test_install_is_one_assignment_of_a_complete_lookup() -> None:
+    installed: list[object] = []
+    state = TableState.initial(START, num_speculative_tokens=3, max_num_seqs=8)
+    controller = EngineTableController(state, installed.append, engine_version="x")
+    controller.put_table({"table": [[1, 4, 3], [5, 8, 0]]}, None)
+    assert installed == [[0, 3, 3, 3, 3, 0, 0, 0, 0]]
