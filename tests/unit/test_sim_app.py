@@ -16,6 +16,7 @@ from tabletune import metric_names as names
 from tabletune.plugin.metrics_core import TableTuneMetrics
 from tabletune.schemas import Profile, load_profile
 from tabletune.sim.app import ReplicaSet, build_app
+from tabletune.sim.metrics import render
 from tabletune.sim.replica import Replica, SimClock
 from tabletune.sim.scenario import Scenario, parse_scenario
 from tabletune.sim.serve import build_replicas, parse_ports
@@ -288,3 +289,12 @@ def test_health_version_models(harness: Harness) -> None:
     assert harness.client.get("/health").status_code == 200
     assert harness.client.get("/version").json() == {"version": "0.26.0"}
     assert harness.client.get("/v1/models").json()["data"][0]["id"] == "qwen3-4b"
+
+
+def test_fast_exposition_is_byte_identical_to_prometheus_client(profile: Profile) -> None:
+    h = Harness(profile, engine={"model_name": 'odd"name\\with\nescapes'})
+    h.tick(123.456)  # large counters and _created values in exponent form
+    h.client.put("/tabletune/v1/table", json={"table": [[1, 20, 3], [21, 256, 1]]})
+    h.tick(0.5)
+    h.replica.sync()
+    assert render(h.replica.registry) == generate_latest(h.replica.registry)

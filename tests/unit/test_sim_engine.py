@@ -220,3 +220,24 @@ def test_truth_scores_the_running_table_against_the_oracle(profile: Profile) -> 
         row = interval.as_dict()
         assert row["efficiency"] is not None and row["efficiency"] < 1.0
         assert row["oracle_goodput_tokens_per_s"] == pytest.approx(best_goodput, rel=0.01)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.15])
+def test_batched_and_per_step_paths_agree(profile: Profile, noise: float) -> None:
+    """A plain lookup list runs steps in one go; a policy callable step by step. Same steps."""
+    load = {"kind": "sweep", "batch_sizes": [8, 24, 64], "dwell_s": 2.0}
+    batched = engine_for(profile, load=load, step_noise=noise)
+    table = list(batched.lookup)  # type: ignore[arg-type]
+    stepped = build_engine(
+        scenario(load=load, step_noise=noise),
+        profile,
+        base_dir=REPO,
+        choose_k=lambda b, i: table[b],
+    )
+    for engine in (batched, stepped):
+        engine.advance(3.0)
+        engine.advance(4.5)
+    assert batched.counters.steps == stepped.counters.steps
+    assert batched.counters.num_drafts == stepped.counters.num_drafts
+    assert batched.counters.num_draft_tokens == stepped.counters.num_draft_tokens
+    assert batched.now == pytest.approx(stepped.now)

@@ -15,6 +15,7 @@ histograms).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -328,16 +329,23 @@ class EngineSim:
             start = self.interval.end_s
             self.interval = TruthInterval(start_s=start, end_s=start + self.truth_interval_s)
 
-    def _noise_factor(self) -> float:
-        """A mean-one lognormal factor per step, from its own stream, so the step times do not
-        depend on how steps were grouped into batches."""
-        if self._noise_at >= self._noise.size:
+    def _noise_ahead(self, count: int) -> np.ndarray:
+        """The next ``count`` mean-one lognormal step-time factors, without using them up.
+
+        They come from their own stream and are used up one per step (``_use_noise``), so step
+        times do not depend on how steps were grouped into batches."""
+        available = self._noise.size - self._noise_at
+        if available < count:
             sigma = self.step_noise
-            self._noise = self._noise_rng.lognormal(-sigma * sigma / 2.0, sigma, NOISE_BLOCK)
+            fresh = self._noise_rng.lognormal(
+                -sigma * sigma / 2.0, sigma, max(NOISE_BLOCK, count - available)
+            )
+            self._noise = np.concatenate((self._noise[self._noise_at :], fresh))
             self._noise_at = 0
-        factor = float(self._noise[self._noise_at])
-        self._noise_at += 1
-        return factor
+        return self._noise[self._noise_at : self._noise_at + count]
+
+    def _use_noise(self, count: int) -> None:
+        self._noise_at += count
 
     def _choose(self, batch: int) -> int:
         if self.choose_k is not None:
@@ -356,27 +364,56 @@ class EngineSim:
         self, batch: int, rates: tuple[float, ...], until: float, *, single: bool = False
     ) -> StepBatch:
         start = self.now
-        rows = self._rows
-        ks: list[int] = []
-        seconds: list[float] = []
-        t = start
-        noisy = self.step_noise > 0
-        while True:
-            k = self._choose(batch)
-            self.step_index += 1
-            duration = rows[k][batch] * self._noise_factor() if noisy else rows[k][batch]
-            ks.append(k)
-            seconds.append(duration)
-            t += duration
-            if single or t >= until or len(ks) >= MAX_STEPS_PER_BATCH:
-                break
-        k_array = np.asarray(ks, dtype=np.int64)
-        durations = np.asarray(seconds)
-        self.now = t
+        if not single and self.choose_k is None and isinstance(self.lookup, list | tuple | None):
+            k_array, durations = self._run_fixed(batch, until - start)
+        else:
+            k_array, durations = self._run_per_step(batch, until - start, single=single)
+        self.now = start + float(durations.sum())
         outcome = self._count(batch, rates, k_array, durations, start)
         for observer in self.on_steps:
             observer(outcome)
         return outcome
+
+    def _run_fixed(self, batch: int, budget_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """A plain lookup list gives the same k to every step at one batch size: the steps
+        that start within ``budget_s`` are counted in one go, whatever their number."""
+        k = self._choose(batch)
+        seconds = self._rows[k][batch]
+        if self.step_noise > 0:
+            guess = min(MAX_STEPS_PER_BATCH, math.ceil(1.25 * budget_s / seconds) + 8)
+            durations = seconds * self._noise_ahead(guess)
+            ends = np.cumsum(durations)
+            count = min(guess, int(np.searchsorted(ends, budget_s, side="left")) + 1)
+            durations = durations[:count]
+            self._use_noise(count)
+        else:
+            count = min(MAX_STEPS_PER_BATCH, max(1, math.ceil(budget_s / seconds - 1e-12)))
+            durations = np.full(count, seconds)
+        self.step_index += count
+        return np.full(count, k, dtype=np.int64), durations
+
+    def _run_per_step(
+        self, batch: int, budget_s: float, *, single: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Read k once per step (the plugin's StepPolicy or a ``choose_k`` policy)."""
+        rows = self._rows
+        ks: list[int] = []
+        seconds: list[float] = []
+        elapsed = 0.0
+        noisy = self.step_noise > 0
+        while True:
+            k = self._choose(batch)
+            self.step_index += 1
+            duration = rows[k][batch]
+            if noisy:
+                duration *= float(self._noise_ahead(1)[0])
+                self._use_noise(1)
+            ks.append(k)
+            seconds.append(duration)
+            elapsed += duration
+            if single or elapsed >= budget_s or len(ks) >= MAX_STEPS_PER_BATCH:
+                break
+        return np.asarray(ks, dtype=np.int64), np.asarray(seconds)
 
     def _count(
         self,

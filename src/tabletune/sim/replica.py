@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from tabletune.admin.protocol import SettingsPut, TablePut, TableView
 from tabletune.admin.state import AdminError
@@ -28,7 +28,7 @@ from tabletune.schemas import Profile
 from tabletune.sim.build import build_engine, start_engine_side
 from tabletune.sim.engine import EngineSim
 from tabletune.sim.faults import FaultPlan
-from tabletune.sim.metrics import registry_for
+from tabletune.sim.metrics import registry_for, render
 from tabletune.sim.processes import LoadOverride, SwitchRates
 from tabletune.sim.scenario import Scenario, check_rates
 from tabletune.solver import SolverError, build_table, evaluate_table
@@ -135,7 +135,7 @@ class Replica:
             raise Unavailable("engine restarting")
         if self.faults.metrics_outage(now):
             raise Unavailable("metrics outage (injected)")
-        return generate_latest(self.registry)
+        return render(self.registry)
 
     # -- control -----------------------------------------------------------------------------
 
