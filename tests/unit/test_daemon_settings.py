@@ -35,7 +35,8 @@ DEFAULTS = {
     "admin": {"token": None, "timeout_s": 5.0, "retry_backoffs_s": (1.0, 1.0, 2.0, 3.0, 5.0)},
     "guard": {
         "enabled": True,
-        "max_drop": 0.05,
+        "max_drop": 0.10,
+        "load_tolerance": 0.10,
         "window_s": 300.0,
         "min_samples": 3,
         "cooldown_s": 900.0,

@@ -628,10 +628,13 @@ class Controller:
         if obs.mean_batch is None or ran is None:
             return
         rates = interval_rates(obs.drafted, obs.accepted, unit.rates)
+        loads = obs.load_buckets or {
+            (max(1, round(obs.mean_batch)), max(1, round(obs.mean_batch))): 1.0
+        }
         predicted = predicted_tokens_per_s(
             rt.pool.step_times,
             ran,
-            obs.mean_batch,
+            loads,
             rates,
             max_k=ran_view.num_speculative_tokens,
         )

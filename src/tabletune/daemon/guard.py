@@ -1,24 +1,24 @@
 """The push guard: measured goodput at similar load before and after a push.
 
 Goodput is kept tokens per second (vLLM's generation-token counter over the interval); load is
-the mean decode batch. Samples are compared within the same batch bucket only, because goodput
-grows with load and a load change alone must not look like a regression. Each sample is divided
-by what the model predicts for the table that ran, with the acceptance measured in that same
-interval: traffic whose acceptance changes around a push then does not look like a regression,
-while a table that runs slower than the profile promised does.
+the mean decode batch. A sample after the push is compared only with samples before it whose
+load was within ``load_tolerance``, because goodput grows with load and a load change alone
+must not look like a regression. Each sample is divided by what the model predicts for the
+table that ran, over that interval's batch sizes, with the acceptance measured in that same
+interval: traffic whose acceptance changes around a push then does not look like a
+regression, while a table that runs slower than the profile promised does.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from tabletune.daemon.settings import GuardSettings
-from tabletune.metric_names import batch_bucket
 from tabletune.schemas.table import Range
-from tabletune.solver import SolverError, StepTimes, expand, goodput
+from tabletune.solver import SolverError, StepTimes, expand, tau
 
 
 @dataclass(frozen=True)
@@ -36,18 +36,28 @@ class GoodputSample:
 def predicted_tokens_per_s(
     step_times: StepTimes,
     ranges: Sequence[Range],
-    load: float,
+    loads: Mapping[tuple[int, int], float],
     rates: Sequence[float],
     *,
     max_k: int,
 ) -> float | None:
-    """Model goodput (tokens/s) of ``ranges`` at ``load`` for acceptance ``rates``."""
-    batch = min(max(1, round(load)), step_times.max_batch)
+    """Model goodput (tokens/s) of ``ranges`` over the interval's steps: ``loads`` maps
+    inclusive batch ranges to step counts (spread evenly inside a range)."""
+    tokens = 0.0
+    busy_ms = 0.0
+    top = step_times.max_batch
     try:
-        k = min(expand(ranges, batch)[-1], max_k)
-        return 1000.0 * goodput(batch, k, step_times.at(batch, k), rates) * (load / batch)
+        per_batch = expand(ranges, top)
+        for (low, high), steps in loads.items():
+            share = steps / (high - low + 1)
+            for b in range(low, high + 1):
+                batch = min(max(1, b), top)
+                k = min(per_batch[batch - 1], max_k)
+                tokens += share * b * tau(rates, k)
+                busy_ms += share * step_times.at(batch, k) * (b / batch)
     except SolverError:
         return None
+    return 1000.0 * tokens / busy_ms if busy_ms > 0 else None
 
 
 def interval_rates(
@@ -69,12 +79,8 @@ class Verdict:
     samples: tuple[int, int] = (0, 0)
 
 
-def _by_bucket(samples: Iterable[GoodputSample]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for s in samples:
-        if s.load >= 0.5 and s.tokens_per_s > 0 and s.predicted_per_s > 0:
-            out.setdefault(batch_bucket(max(1, round(s.load))), []).append(s.efficiency)
-    return out
+def _usable(samples: Iterable[GoodputSample]) -> list[GoodputSample]:
+    return [s for s in samples if s.load >= 0.5 and s.tokens_per_s > 0 and s.predicted_per_s > 0]
 
 
 def judge(
@@ -84,26 +90,31 @@ def judge(
     elapsed_s: float,
     settings: GuardSettings,
 ) -> Verdict:
-    """Compare goodput in the batch buckets both sides saw; weight by the smaller side."""
-    b, a = _by_bucket(before), _by_bucket(after)
-    common = sorted(set(b) & set(a))
-    n_before = sum(len(b[key]) for key in common)
-    n_after = sum(len(a[key]) for key in common)
-    if n_before < settings.min_samples or n_after < settings.min_samples:
+    """Each sample after the push against the samples before it at a similar load (within
+    ``load_tolerance``); the change is the mean of those ratios."""
+    b, a = _usable(before), _usable(after)
+    ratios: list[float] = []
+    used: set[int] = set()
+    for sample in a:
+        close = [
+            i
+            for i, old in enumerate(b)
+            if abs(old.load - sample.load) <= settings.load_tolerance * max(old.load, 1.0)
+        ]
+        if not close:
+            continue
+        used.update(close)
+        reference = sum(b[i].efficiency for i in close) / len(close)
+        ratios.append(sample.efficiency / reference)
+    counts = (len(used), len(ratios))
+    if min(counts) < settings.min_samples:
         outcome: Literal["wait", "inconclusive"] = (
             "wait" if elapsed_s < settings.window_s else "inconclusive"
         )
-        return Verdict(outcome, samples=(n_before, n_after))
-    weighted = 0.0
-    total = 0.0
-    for key in common:
-        weight = float(min(len(a[key]), len(b[key])))
-        ratio = (sum(a[key]) / len(a[key])) / (sum(b[key]) / len(b[key]))
-        weighted += weight * ratio
-        total += weight
-    change = weighted / total - 1.0
-    outcome2: Literal["ok", "drop"] = "drop" if change < -settings.max_drop else "ok"
-    return Verdict(outcome2, change=change, samples=(n_before, n_after))
+        return Verdict(outcome, samples=counts)
+    change = sum(ratios) / len(ratios) - 1.0
+    verdict: Literal["ok", "drop"] = "drop" if change < -settings.max_drop else "ok"
+    return Verdict(verdict, change=change, samples=counts)
 
 
 @dataclass

@@ -144,7 +144,10 @@ class AdminSettings(_Group):
 class GuardSettings(_Group):
     enabled: bool = Field(default=True, description="roll back pushes that lowered goodput")
     max_drop: float = Field(
-        default=0.05, gt=0, lt=1, description="roll back when measured goodput drops more"
+        default=0.10, gt=0, lt=1, description="roll back when measured goodput drops more"
+    )
+    load_tolerance: float = Field(
+        default=0.10, gt=0, description="samples compared when their loads differ by less"
     )
     window_s: float = Field(
         default=300.0, gt=0, description="seconds of goodput before/after a push compared"
