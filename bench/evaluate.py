@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import platform
@@ -33,8 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 
+from tabletune.admin.client import AdminRefused
 from tabletune.admin.protocol import TableView
+from tabletune.admin.state import AdminError, TableState
 from tabletune.baselines import (
     LinearStepModel,
     NightjarStylePolicy,
@@ -42,14 +46,16 @@ from tabletune.baselines import (
     StepOutcome,
     TurboSpecStylePolicy,
 )
-from tabletune.daemon.decide import decide
-from tabletune.daemon.estimation import UnitEstimator
-from tabletune.daemon.loads import LoadTracker
-from tabletune.daemon.observation import Observation
+from tabletune.daemon.alerts import AlertSink
+from tabletune.daemon.controller import Controller
+from tabletune.daemon.metrics import DaemonMetrics
+from tabletune.daemon.observation import Observation, SourceResult
+from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.scrape import buckets_to_ranges
 from tabletune.daemon.settings import DaemonSettings, load_settings
 from tabletune.metric_names import BATCH_SIZE_BUCKETS
-from tabletune.plugin.policy import StepPolicy
+from tabletune.plugin.controller import EngineTableController
+from tabletune.plugin.wire import view_from_envelope
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE, Profile, load_profile
 from tabletune.schemas.profile import step_times_of
 from tabletune.schemas.table import dense_lookup
@@ -78,6 +84,11 @@ TRUTH_INTERVAL_S = 1.0
 # --------------------------------------------------------------------------- the engine
 
 
+def quiet_logs() -> None:
+    """The daemon logs every push and alert; thousands of cycles would drown the report."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+
+
 def make_engine(
     step_times: StepTimes,
     big_k: int,
@@ -85,7 +96,6 @@ def make_engine(
     acceptance: AcceptanceProcess,
     seed: int,
     *,
-    lookup: StepPolicy | None = None,
     choose_k: Callable[[int, int], int] | None = None,
 ) -> EngineSim:
     """The emulator's pure core at constant concurrency ``batch`` (a closed loop: a finished
@@ -96,7 +106,7 @@ def make_engine(
         acceptance=acceptance,
         num_speculative_tokens=big_k,
         max_num_seqs=step_times.max_batch,
-        lookup=lookup,
+        lookup=None,
         choose_k=choose_k,
         seed=seed,
         truth_interval_s=TRUTH_INTERVAL_S,
@@ -133,116 +143,155 @@ def run_per_step(policy: Policy, engine: EngineSim, until_s: float) -> None:
 # --------------------------------------------------------------------------- the daemon
 
 
+class EngineSource:
+    """The daemon's metrics source over the emulator's counters: per cycle, the increases since
+    the last collection, shaped as the direct-scrape source shapes them (drafted/accepted per
+    position, batch-size histogram buckets, mean batch, generated tokens, step durations)."""
+
+    def __init__(self, engine: EngineSim, *, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self._last_s = engine.now
+        self._last = self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
+        c = self.engine.counters
+        return {
+            "drafted": c.draft_tokens_per_pos.copy(),
+            "accepted": c.accepted_per_pos.copy(),
+            "batches": c.batch_size_counts.copy(),
+            "batch_sum": c.batch_size_sum,
+            "tokens": c.generation_tokens,
+            "steps": {key: (h.total_s, h.count) for key, h in c.step_durations.items()},
+        }
+
+    def collect(self, now: float, *, on_replica: Callable[[], bool] | None = None) -> SourceResult:
+        current = self._snapshot()
+        base, self._last = self._last, current
+        interval_s, self._last_s = now - self._last_s, now
+        per_bucket = current["batches"] - base["batches"]
+        steps = int(per_bucket.sum())
+        bounds = (*BATCH_SIZE_BUCKETS, math.inf)
+        step_times = {}
+        for key, (total_s, count) in current["steps"].items():
+            old_s, old_count = base["steps"].get(key, (0.0, 0))
+            if count > old_count:
+                step_times[key] = (total_s - old_s, float(count - old_count))
+        observation = Observation(
+            replica="emulated",
+            admin_url="emulated",
+            interval_s=interval_s,
+            drafted=tuple(float(x) for x in current["drafted"] - base["drafted"]),
+            accepted=tuple(float(x) for x in current["accepted"] - base["accepted"]),
+            load_buckets=buckets_to_ranges(
+                {le: float(n) for le, n in zip(bounds, np.cumsum(per_bucket), strict=True)}
+            ),
+            mean_batch=(current["batch_sum"] - base["batch_sum"]) / steps if steps else None,
+            generated_tokens=float(current["tokens"] - base["tokens"]),
+            step_times=step_times,
+            model_name=self.model_name,
+        )
+        return SourceResult(observations={"emulated": observation})
+
+
+class InProcessAdmin:
+    """The daemon's admin client over the plugin's engine side (EngineTableController), which
+    installs each accepted table into the emulator's scheduler exactly as into vLLM's."""
+
+    def __init__(self, controller: EngineTableController) -> None:
+        self.controller = controller
+
+    @staticmethod
+    def _view(envelope: dict[str, Any]) -> TableView:
+        try:
+            return view_from_envelope(envelope)
+        except AdminError as error:
+            raise AdminRefused(error.status, error.detail) from None
+
+    def get_table(self) -> TableView:
+        return self._view(self.controller.get())
+
+    def put_table(
+        self,
+        table: Sequence[Sequence[int]],
+        *,
+        if_match: int | None = None,
+        allow_uncaptured: bool = False,
+    ) -> TableView:
+        body = {"table": [list(r) for r in table], "allow_uncaptured": allow_uncaptured}
+        return self._view(self.controller.put_table(body, if_match))
+
+    def put_settings(
+        self,
+        *,
+        exploration_interval: int | None = None,
+        hysteresis: int | None = None,
+        if_match: int | None = None,
+    ) -> TableView:
+        body = {
+            key: value
+            for key, value in (
+                ("exploration_interval", exploration_interval),
+                ("hysteresis", hysteresis),
+            )
+            if value is not None
+        }
+        return self._view(self.controller.put_settings(body, if_match))
+
+
 class DaemonInTheLoop:
-    """The daemon's own estimator, load tracker and decision code (tabletune.daemon) and the
-    plugin's per-step policy (tabletune.plugin.policy: exploration, hysteresis), driven in
-    simulated time: every ``loop.interval_s`` the counter increases of the emulated engine
-    become an Observation, the estimate is updated, the daemon decides, and a push installs
-    the new table as the plugin would. Not exercised here: HTTP, Prometheus, retries, guard."""
+    """The daemon's own ``Controller`` (estimator, load tracker, decide, push with If-Match,
+    guard, drift, alerts, settings sync) run cycle by cycle in simulated time against the
+    emulated replica. Only the transport is in-process: no HTTP, no Prometheus, no state file."""
 
     def __init__(
         self,
         engine: EngineSim,
-        step_times: StepTimes,
-        prior: Sequence[float],
+        profile: Profile,
         start_table: Sequence[tuple[int, int, int]],
         *,
         settings: DaemonSettings,
     ) -> None:
         self.engine = engine
-        self.step_times = step_times
         self.settings = settings
-        self.big_k = engine.num_speculative_tokens
-        self.max_num_seqs = engine.max_num_seqs
-        self.allowed_k = sorted({k for _, _, k in start_table})
-        self.estimator = UnitEstimator.start(prior, settings=settings.estimator)
-        self.loads = LoadTracker(memory=settings.decision.load_memory)
-        self.version = 0
+        state = TableState.initial(
+            start_table,
+            num_speculative_tokens=engine.num_speculative_tokens,
+            max_num_seqs=engine.max_num_seqs,
+        )
+        engine.install(list(state.lookup))
+        self.plugin = EngineTableController(state, engine.install, engine_version="0.26.0")
+        admin = InProcessAdmin(self.plugin)
+        self.controller = Controller(
+            settings=settings,
+            source=EngineSource(engine, model_name=profile.metadata.model),
+            pools=[make_pool(profile, None)],
+            admin_for=lambda _url: admin,
+            alerts=AlertSink(settings=settings.alerts, condition_ttl_s=1e9),
+            metrics=DaemonMetrics(),
+            store=None,
+            clock=lambda: engine.now,
+            sleep=lambda _s: None,
+        )
         self.next_cycle_s = engine.now + settings.loop.interval_s
-        self.pushes: list[tuple[float, tuple[tuple[int, int, int], ...]]] = []
-        self._install(tuple(start_table))
-        self._last = self._snapshot()
-
-    def _install(self, table: tuple[tuple[int, int, int], ...]) -> None:
-        previous = self.engine.lookup if isinstance(self.engine.lookup, StepPolicy) else None
-        self.table = table
-        self.engine.install(
-            StepPolicy(
-                dense_lookup(table, self.max_num_seqs, self.big_k),
-                explore_k=max(self.allowed_k),
-                exploration_interval=self.settings.plugin.exploration_interval,
-                hysteresis=self.settings.plugin.hysteresis,
-                steps=previous.steps if previous is not None else 0,
-                previous_k=previous.previous_k if previous is not None else None,
-            )
-        )
-        self.pushes.append((self.engine.now, table))
-
-    def _snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        c = self.engine.counters
-        return (
-            c.draft_tokens_per_pos.copy(),
-            c.accepted_per_pos.copy(),
-            c.batch_size_counts.copy(),
-        )
+        self.pushes: list[tuple[float, tuple[tuple[int, int, int], ...]]] = [
+            (engine.now, tuple(state.ranges or ()))
+        ]
 
     def run_until(self, end_s: float) -> None:
         while self.engine.now < end_s:
             self.engine.advance_to(min(self.next_cycle_s, end_s))
             if self.engine.now >= self.next_cycle_s:
-                self._cycle()
+                self.controller.run_cycle()
+                ranges = tuple(self.plugin.state.ranges or ())
+                if ranges != self.pushes[-1][1]:
+                    self.pushes.append((self.engine.now, ranges))
                 self.next_cycle_s += self.settings.loop.interval_s
 
-    def _cycle(self) -> None:
-        drafted, accepted, batches = self._snapshot()
-        last_drafted, last_accepted, last_batches = self._last
-        self._last = (drafted, accepted, batches)
-        per_bucket = batches - last_batches  # steps per batch-size bucket (then +Inf)
-        cumulative = np.cumsum(per_bucket)
-        bounds = (*BATCH_SIZE_BUCKETS, math.inf)
-        observation = Observation(
-            replica="emulated",
-            admin_url="emulated",
-            interval_s=self.settings.loop.interval_s,
-            drafted=tuple(float(x) for x in drafted - last_drafted),
-            accepted=tuple(float(x) for x in accepted - last_accepted),
-            load_buckets=buckets_to_ranges(
-                {le: float(n) for le, n in zip(bounds, cumulative, strict=True)}
-            ),
-        )
-        self.estimator.add(
-            observation.drafted, observation.accepted, settings=self.settings.estimator
-        )
-        self.loads.add(observation)
-        view = TableView(
-            dynamic=True,
-            table=[list(r) for r in self.table],
-            version=self.version,
-            allowed_k=self.allowed_k,
-            num_speculative_tokens=self.big_k,
-            max_num_seqs=self.max_num_seqs,
-            exploration_interval=self.settings.plugin.exploration_interval,
-            hysteresis=self.settings.plugin.hysteresis,
-            plugin_version="emulated",
-            engine_version="0.26.0 (emulated)",
-        )
-        decision = decide(
-            step_times=self.step_times,
-            rates=self.estimator.rates,
-            view=view,
-            load_weights=self.loads.clipped(self.max_num_seqs),
-            settings=self.settings.decision,
-        )
-        if decision.push and decision.new is not None:
-            self.version += 1
-            self._install(tuple(decision.new))
-
     def k_history(self, batch: int) -> list[list[float]]:
-        """[time, the table's own k at ``batch``] after each push (exploration aside)."""
-        return [
-            [round(t, 3), expand(table, self.max_num_seqs)[min(batch, self.max_num_seqs) - 1]]
-            for t, table in self.pushes
-        ]
+        """[time, the table's own k at ``batch``] after each change (exploration aside)."""
+        top = self.engine.max_num_seqs
+        return [[round(t, 3), expand(table, top)[min(batch, top) - 1]] for t, table in self.pushes]
 
 
 # --------------------------------------------------------------------------- one load
@@ -300,7 +349,7 @@ def _runners(
             batch: int, acceptance: AcceptanceProcess, seed: int, until_s: float
         ) -> tuple[EngineSim, DaemonInTheLoop | None]:
             engine = make_engine(step_times, big_k, batch, acceptance, seed)
-            daemon = DaemonInTheLoop(engine, step_times, prior, start, settings=settings)
+            daemon = DaemonInTheLoop(engine, profile, start, settings=settings)
             daemon.run_until(until_s)
             return engine, daemon
 
@@ -342,6 +391,7 @@ def run_load(job: tuple[Setup, str, int]) -> dict[str, Any]:
     """Every adaptive policy at one load: a steady run under one acceptance set, and a run that
     starts under the other set and switches to this one at ``switch_at_s``."""
     setup, set_name, batch = job
+    quiet_logs()
     profile = load_profile(setup.profile_path)
     step_times = step_times_of(profile)
     rates = ACCEPTANCE_SETS[set_name]
