@@ -119,6 +119,16 @@ def test_pushes_the_oracle_table_after_the_first_rebuild() -> None:
     assert engine.state.version == version
 
 
+def test_steady_state_reads_the_table_only_to_refresh() -> None:
+    rig = Rig(settings_with(ADMIN__REFRESH_S="300"))
+    rig.cycles(3)
+    calls = list(rig.admins["r1"].calls)
+    rig.cycles(8)  # up to 270 s after the last read: cached view, no admin traffic
+    assert rig.admins["r1"].calls == calls
+    rig.cycles(2)  # past refresh_s: one GET
+    assert rig.admins["r1"].calls == [*calls, "GET"]
+
+
 def test_follows_an_acceptance_switch() -> None:
     rig = Rig(settings_with())
     rig.cycles(3)

@@ -32,7 +32,12 @@ DEFAULTS = {
     },
     "decision": {"min_gain": 0.01, "stickiness": 0.005, "load_memory": 0.8},
     "plugin": {"exploration_interval": 50, "hysteresis": 2},
-    "admin": {"token": None, "timeout_s": 5.0, "retry_backoffs_s": (1.0, 1.0, 2.0, 3.0, 5.0)},
+    "admin": {
+        "token": None,
+        "timeout_s": 5.0,
+        "refresh_s": 300.0,
+        "retry_backoffs_s": (1.0, 1.0, 2.0, 3.0, 5.0),
+    },
     "guard": {
         "enabled": True,
         "max_drop": 0.10,

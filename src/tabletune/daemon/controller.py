@@ -83,6 +83,7 @@ class ReplicaRuntime:
     hold_until: float = 0.0
     needs_decision: bool = True  # first sight, a failed push, a version race
     view: TableView | None = None
+    view_read_at: float = 0.0
 
 
 @dataclass
@@ -367,11 +368,20 @@ class Controller:
         rt.loads.add(obs)
         self._drift_checks(rt, obs, now)
         client = self.admin_for(rt.admin_url)
-        try:
-            view = self._call(lambda: client.get_table(), f"GET table {rt.replica}")
-        except TableTuneError as error:
-            self._push_failed(rt, f"cannot read the table: {error}", now, report)
-            return
+        # Read the table only when ours may be out of date: first sight, a restart, a failed or
+        # refused push, or every refresh_s. Otherwise the view our last call returned stands
+        # (pushes carry If-Match, so a table changed behind our back still cannot be lost).
+        stale_view = rt.view is None or now - rt.view_read_at >= self.settings.admin.refresh_s
+        if stale_view or obs.reset or rt.needs_decision:
+            try:
+                view = self._call(lambda: client.get_table(), f"GET table {rt.replica}")
+            except TableTuneError as error:
+                self._push_failed(rt, f"cannot read the table: {error}", now, report)
+                return
+            rt.view_read_at = now
+        else:
+            assert rt.view is not None
+            view = rt.view
         # The table that ran during the interval: ours from last cycle, else what we just read.
         self._goodput_sample(rt, rt.view or view, obs, unit, now)
         restart = obs.reset or (rt.record.version is not None and view.version < rt.record.version)
@@ -384,11 +394,12 @@ class Controller:
             )
             rt.pending = None
             rt.history.clear()
-        rt.record.version = view.version
-        rt.view = view
-        current = _ranges(view.table)
-        if current is not None:
-            self.metrics.set_table(rt.replica, current, view.version)
+        if view is not rt.view:
+            rt.record.version = view.version
+            rt.view = view
+            current = _ranges(view.table)
+            if current is not None:
+                self.metrics.set_table(rt.replica, current, view.version)
         if not self.dry_run:
             try:
                 view = self._sync_plugin_settings(rt, view, client)

@@ -25,11 +25,15 @@ class DirectSource:
         settings: SourceSettings,
         replicas: Sequence[str] | None = None,
         transport: httpx.BaseTransport | None = None,
+        fetch: Callable[[str], str] | None = None,
     ) -> None:
+        """``fetch(replica) -> /metrics text`` replaces HTTP (benchmarks on the emulator's
+        core); it raises InputError when the replica cannot be read."""
         self._replicas = tuple(url.rstrip("/") for url in (replicas or settings.replicas))
         self._stale_after_s = settings.stale_after_s
         self._http = httpx.Client(timeout=settings.timeout_s, transport=transport)
         self._last: dict[str, tuple[float, Snapshot]] = {}
+        self._fetch = fetch or self._http_text
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -41,13 +45,16 @@ class DirectSource:
     def has_baseline(self) -> bool:
         return all(replica in self._last for replica in self._replicas)
 
-    def _scrape(self, replica: str) -> Snapshot:
+    def _http_text(self, replica: str) -> str:
         try:
             response = self._http.get(f"{replica}/metrics")
             response.raise_for_status()
         except httpx.HTTPError as error:
             raise InputError(f"{replica}/metrics: {type(error).__name__}: {error}") from None
-        return parse_snapshot(response.text)
+        return response.text
+
+    def _scrape(self, replica: str) -> Snapshot:
+        return parse_snapshot(self._fetch(replica))
 
     def collect(self, now: float, *, on_replica: Callable[[], bool] | None = None) -> SourceResult:
         """Scrape every replica; ``on_replica`` returning False abandons the rest (shutdown)."""

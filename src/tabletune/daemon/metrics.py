@@ -25,6 +25,7 @@ class DaemonMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._ranges: dict[str, list[tuple[str, str]]] = {}
         r = self.registry
         self.cycles = Counter(f"{PREFIX}_cycles", "Evaluation cycles run", ["outcome"], registry=r)
         self.cycle_seconds = Gauge(
@@ -91,19 +92,17 @@ class DaemonMetrics:
 
     def set_table(self, replica: str, ranges: Sequence[Range], version: int) -> None:
         """Replace the replica's range series (old ranges disappear)."""
-        for labels in list(_label_sets(self.range_k)):
-            if labels[0] == replica:
-                self.range_k.remove(*labels)
+        for old_start, old_end in self._ranges.pop(replica, ()):
+            self.range_k.remove(replica, old_start, old_end)
+        shown = []
         for start, end, k in ranges:
             self.range_k.labels(replica, str(start), str(end)).set(k)
+            shown.append((str(start), str(end)))
+        self._ranges[replica] = shown
         self.table_version.labels(replica).set(version)
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         return self.registry.get_sample_value(name, labels or {})
-
-
-def _label_sets(gauge: Gauge) -> list[tuple[str, ...]]:
-    return [tuple(str(v) for v in key) for key in getattr(gauge, "_metrics", {})]
 
 
 class MetricsServer:

@@ -133,6 +133,9 @@ class PluginSettings(_Group):
 class AdminSettings(_Group):
     token: SecretStr | None = Field(default=None, description="admin API bearer token")
     timeout_s: float = Field(default=5.0, gt=0, description="admin API timeout in seconds")
+    refresh_s: float = Field(
+        default=300.0, gt=0, description="re-read each replica's table at least this often"
+    )
     retry_backoffs_s: Annotated[tuple[float, ...], NoDecode] = Field(
         default=(1.0, 1.0, 2.0, 3.0, 5.0),
         description="waits between push attempts on temporary errors (comma-separated)",
