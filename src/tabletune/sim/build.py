@@ -3,7 +3,6 @@ side). Benchmarks use ``build_engine`` directly; the server wraps it in a ``Repl
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -116,7 +115,3 @@ def start_engine_side(scenario: Scenario, engine: EngineSim) -> EngineTableContr
     if settings.exploration_interval or settings.hysteresis:
         controller.put_settings(settings.model_dump(exclude_none=True), None)
     return controller
-
-
-def with_settings(state: TableState, *, exploration_interval: int, hysteresis: int) -> TableState:
-    return replace(state, exploration_interval=exploration_interval, hysteresis=hysteresis)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -251,7 +250,3 @@ class LoadOverride:
 
     def next_change(self, t: float) -> float:
         return min(self.before.next_change(t), self.at_s) if t < self.at_s else INF
-
-
-def rates_tuple(values: Sequence[float]) -> tuple[float, ...]:
-    return spec.check_rates(values)
