@@ -42,7 +42,9 @@ def with_change(path: str, value: object) -> dict[str, object]:
 
 
 def test_the_seed_scenarios_are_packaged() -> None:
-    assert {"repair", "acceptance-switch", "load-sweep", "restart"} <= set(packaged_names())
+    assert {"repair", "acceptance-switch", "load-sweep", "restart", "trace"} <= set(
+        packaged_names()
+    )
 
 
 @pytest.mark.parametrize("name", packaged_names())
@@ -171,3 +173,18 @@ def test_drift_moves_linearly_and_stays_valid(tmp_path: Path) -> None:
     assert drift.at(0) == (0.8, 0.6, 0.4) and drift.at(60) == (0.4, 0.2, 0.0)
     assert drift.at(30) == pytest.approx((0.6, 0.4, 0.2))
     assert drift.next_change(30.5) == 31.0 and drift.next_change(0) == 10
+
+
+@pytest.mark.parametrize("name", packaged_names())
+def test_every_packaged_scenario_runs_for_a_while(name: str) -> None:
+    from tabletune.sim.build import build_engine, start_engine_side
+
+    scenario, base = load_scenario(name)
+    engine = build_engine(scenario, resolve_profile(scenario, base, None), base_dir=base)
+    start_engine_side(scenario, engine)
+    engine.advance(700.0)
+    c = engine.counters
+    assert c.steps > 0 and engine.now >= 700.0
+    assert c.num_draft_tokens == int(c.draft_tokens_per_pos.sum())
+    assert all(c.accepted_per_pos <= c.draft_tokens_per_pos)
+    assert len(engine.history) >= 69

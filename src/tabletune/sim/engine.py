@@ -296,6 +296,8 @@ class EngineSim:
                 self.acceptance.next_change(self.now),
                 self.interval.end_s,
             )
+            if boundary <= self.now:  # rounding at a change point: never stand still
+                boundary = min(target_s, math.nextafter(self.now, math.inf))
             batch = min(load, self.max_num_seqs)
             if batch <= 0:
                 self._idle(boundary)
