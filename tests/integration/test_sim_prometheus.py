@@ -1,5 +1,5 @@
 """A real Prometheus scrapes the emulator: rate()/increase() give the scenario's acceptance,
-each engine is its own target, and a restart shows as a counter reset."""
+each engine is its own target, a restart shows as a counter reset, an outage as up == 0."""
 
 from __future__ import annotations
 
@@ -101,3 +101,22 @@ def test_prometheus_sees_the_scenarios_acceptance_and_restarts(
             timeout_s=10,
             what="one counter reset on the restarted engine",
         )
+
+        # Faults as Prometheus sees them: an outage is `up == 0`, a slow scrape a long
+        # scrape_duration_seconds, each on its own target.
+        httpx.post(f"{sim.urls[0]}/sim/v1/faults", json={"metrics_outage": True})
+        httpx.post(f"{sim.urls[1]}/sim/v1/faults", json={"metrics_delay_s": 0.5})
+
+        def faults_seen() -> bool:
+            up = {r["metric"]["instance"]: float(r["value"][1]) for r in prom.query("up")}
+            took = {
+                r["metric"]["instance"]: float(r["value"][1])
+                for r in prom.query("scrape_duration_seconds")
+            }
+            return (
+                up[sim.targets[0]] == 0.0
+                and up[sim.targets[1]] == 1.0
+                and (took[sim.targets[1]] >= 0.5 > took[sim.targets[2]])
+            )
+
+        prom.wait_for(faults_seen, timeout_s=10, what="the outage and the slow scrape")
