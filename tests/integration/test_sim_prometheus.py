@@ -77,7 +77,7 @@ def test_prometheus_sees_the_scenarios_acceptance_and_restarts(
         for series in prom.query("vllm:spec_decode_num_drafts_total[1m]"):
             (t0, v0), (t1, v1) = series["values"][0], series["values"][-1]
             slope = (float(v1) - float(v0)) / (float(t1) - float(t0))
-            assert slope == pytest.approx(expected, rel=0.05), series["metric"]
+            assert slope == pytest.approx(expected, rel=0.08), series["metric"]
         acceptance = prom.query_value(
             "sum(rate(vllm:spec_decode_num_accepted_tokens_total[1m]))"
             " / sum(rate(vllm:spec_decode_num_draft_tokens_total[1m]))"

@@ -213,10 +213,17 @@ class PrometheusServer:
         self.wait_for(all_up, timeout_s=timeout_s, what="targets up")
 
     def wait_for_samples(self, expr: str, *, minimum: int, timeout_s: float = 20.0) -> None:
-        """Wait until ``count_over_time(expr[1h])`` reaches ``minimum`` for every series."""
+        """Wait until every series of ``expr`` holds ``minimum`` samples: raw samples when
+        ``expr`` is a series selector, else points of a subquery at the evaluation interval."""
+
+        def counts() -> list[dict[str, Any]]:
+            try:
+                return self.query(f"count_over_time({expr}[1h])")
+            except QueryError:  # not a plain selector
+                return self.query(f"count_over_time(({expr})[1h:])")
 
         def enough() -> bool:
-            result = self.query(f"count_over_time(({expr})[1h:])")
+            result = counts()
             return bool(result) and all(float(r["value"][1]) >= minimum for r in result)
 
         self.wait_for(enough, timeout_s=timeout_s, what=f"{minimum} samples of {expr}")
