@@ -200,7 +200,7 @@ class EngineSim:
         self._rows = self._step_rows()
         self._noise = np.ones(0)
         self._noise_at = 0
-        self._oracle_cache: dict[tuple[int, tuple[float, ...]], float] = {}
+        self._oracle_cache: dict[tuple[int, tuple[float, ...]], tuple[int, float]] = {}
         start = (start_s // truth_interval_s) * truth_interval_s
         self.interval = TruthInterval(start_s=start, end_s=start + truth_interval_s)
         self.history: deque[TruthInterval] = deque(maxlen=TRUTH_HISTORY)
@@ -252,13 +252,13 @@ class EngineSim:
     def best_k(self, batch_size: int, rates: tuple[float, ...]) -> tuple[int, float]:
         """The allowed k with the highest goodput at this load, and that goodput."""
         key = (batch_size, rates)
-        best = max(self.oracle_ks, key=lambda k: self.goodput(batch_size, k, rates))
-        value = self._oracle_cache.get(key)
-        if value is None:
+        found = self._oracle_cache.get(key)
+        if found is None:
             if len(self._oracle_cache) > 4096:
                 self._oracle_cache.clear()
-            value = self._oracle_cache[key] = self.goodput(batch_size, best, rates)
-        return best, value
+            best = max(self.oracle_ks, key=lambda k: self.goodput(batch_size, k, rates))
+            found = self._oracle_cache[key] = (best, self.goodput(batch_size, best, rates))
+        return found
 
     # -- control -----------------------------------------------------------------------------
 
