@@ -215,6 +215,7 @@ def test_scheduled_faults_follow_simulated_time(profile: Profile) -> None:
     assert h.client.get("/tabletune/v1/table").status_code == 200
     h.tick(1.5)  # t = 15 s
     assert h.client.get("/tabletune/v1/table").status_code == 503
+    assert h.client.get("/sim/v1/faults").json()["active"]["admin_error_status"] == 503
     assert h.client.get("/metrics").status_code == 200
     h.tick(2.0)  # t = 35 s
     assert h.client.get("/tabletune/v1/table").status_code == 200

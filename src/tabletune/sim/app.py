@@ -119,7 +119,20 @@ def sim_router(replicas: ReplicaSet) -> APIRouter:
         replica = replicas.for_request(request)
         if replica is None:
             return _not_found()
-        return JSONResponse(replica.faults.manual.model_dump())
+        now = replica.sync()
+        faults = replica.faults
+        return JSONResponse(
+            {
+                **faults.manual.model_dump(),
+                "active": {  # manual and scheduled together, at the current simulated time
+                    "admin_error_status": faults.admin_error(now),
+                    "admin_latency_s": faults.admin_latency_s(now),
+                    "metrics_outage": faults.metrics_outage(now),
+                    "metrics_delay_s": faults.scrape_delay_s(now),
+                    "down": replica.down,
+                },
+            }
+        )
 
     async def control(request: Request, model: type[BaseModel], action: Any) -> Response:
         replica = replicas.for_request(request)
