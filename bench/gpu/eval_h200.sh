@@ -25,6 +25,12 @@
 # - Repair: `tabletune daemon` in direct-scrape mode against this server, exploration every 50
 #   steps and prior decay on; throughput every 5 s at each load vs the measured table's.
 # - Switch: at one high load with the daemon running, rates go realistic -> low mid-run.
+#
+# Time: ~100 s start-up, then per static measurement WARMUP_S + WINDOW_S + drain (~17 s by
+# default): 5 loads x 6 arms x 2 sets ~ 17 min; repair 3 x 90 s; switch ~ 2.5 min. To fit a
+# 10-minute command limit, run parts separately (one launch each), e.g.
+#     PARTS=static SETS=realistic bench/gpu/eval_h200.sh P;  PARTS=static SETS=low ...;
+#     PARTS="repair switch" ...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -33,9 +39,11 @@ MODEL=${MODEL:-/tmp/models/qwen3-4b}
 DRAFTER=${DRAFTER:-/tmp/models/qwen3-4b-eagle3}
 PORT=${PORT:-8000}
 URL="http://127.0.0.1:${PORT}"
-LOADS=${LOADS:-"1 2 4 8 16 32 64 128 192 256"}
-WARMUP_S=${WARMUP_S:-20}
-WINDOW_S=${WINDOW_S:-30}
+LOADS=${LOADS:-"1 8 32 128 256"}
+SETS=${SETS:-"realistic low"}
+PARTS=${PARTS:-"static repair switch"}
+WARMUP_S=${WARMUP_S:-5}
+WINDOW_S=${WINDOW_S:-10}
 OUTPUT_TOKENS=${OUTPUT_TOKENS:-4096}
 REPAIR_LOADS=${REPAIR_LOADS:-"16 128 256"}
 REPAIR_S=${REPAIR_S:-90}
@@ -50,10 +58,14 @@ mkdir -p bench/results
 # TableTune itself, with its entry points, into a private site dir (no registry on this host).
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$WORK/site" .
 export PYTHONPATH="$WORK/site:${PYTHONPATH:-}"
-python3 - <<'EOF' || { echo "the daemon's dependencies are missing on this host: add" \
+case " $PARTS " in
+  *" repair "* | *" switch "*)
+    python3 - <<'EOF' || { echo "the daemon's dependencies are missing on this host: add" \
   "apscheduler structlog tenacity rich prometheus-api-client to shared/gpu/carry-requirements.txt" >&2; exit 2; }
 import apscheduler, structlog, tenacity, rich, prometheus_api_client  # noqa: F401
 EOF
+    ;;
+esac
 
 # Tables: the measured one per acceptance set from the profile, the documented one, fixed k.
 for set in realistic low; do
@@ -64,7 +76,7 @@ from tabletune.schemas import AcceptanceProfile, save_model
 rates = tuple(float(x) for x in sys.argv[1].split(","))
 save_model(AcceptanceProfile(rates=rates, prompt_source="synthetic sampler (bench)"), sys.argv[2])
 EOF
-  tabletune solve --profile "$PROFILE" --acceptance "$WORK/acceptance-$set.json" --json \
+  python3 -m tabletune.cli.main solve --profile "$PROFILE" --acceptance "$WORK/acceptance-$set.json" --json \
     > "$WORK/measured-$set.json"
 done
 DOCS='[[1,64,3],[65,128,1],[129,256,0]]'
@@ -179,11 +191,12 @@ EOF
 put_table() {
   curl -sf -X PUT -H 'Content-Type: application/json' -d "{\"table\": $1}" "$URL/tabletune/v1/table" >/dev/null
 }
-set_rates() {
-  local rates="[$1]"
-  curl -sf -X POST -H 'Content-Type: application/json' \
-    -d "{\"method\":\"tabletune_profiler_set_sampler\",\"args\":[\"{\\\"kind\\\":\\\"synthetic\\\",\\\"rates\\\":${rates}}\"]}" \
-    "$URL/collective_rpc" >/dev/null
+set_rates() {  # the profiler's engine hook, through vLLM's dev-mode /collective_rpc
+  local body
+  body=$(python3 -c 'import json, sys
+mode = {"kind": "synthetic", "rates": [float(x) for x in sys.argv[1].split(",")]}
+print(json.dumps({"method": "tabletune_profiler_set_sampler", "args": [json.dumps(mode)]}))' "$1")
+  curl -sf -X POST -H 'Content-Type: application/json' -d "$body" "$URL/collective_rpc" >/dev/null
 }
 drain() {  # wait until no request runs, so arms do not overlap
   for _ in $(seq 1 60); do
@@ -201,7 +214,8 @@ curl -sf -X PUT -H 'Content-Type: application/json' \
   -d '{"exploration_interval": 0, "hysteresis": 0}' "$URL/tabletune/v1/settings" >/dev/null
 
 # 1. Static arms: fixed k, documented, measured; per acceptance set, per load, rotating order.
-for set in realistic low; do
+case " $PARTS " in *" static "*) ;; *) SETS="" ;; esac
+for set in $SETS; do
   rates=$([ "$set" = realistic ] && echo "$REALISTIC" || echo "$LOW")
   set_rates "$rates"
   measured=$(cat "$WORK/measured-$set.json")
@@ -219,12 +233,13 @@ for set in realistic low; do
 done
 
 # 2. Repair: the daemon from the documented table / 4, realistic rates, at a few loads.
+case " $PARTS " in *" repair "*) ;; *) REPAIR_LOADS="" ;; esac
 set_rates "$REALISTIC"
 start_daemon() {
   TABLETUNE_SOURCE__REPLICAS="$URL" TABLETUNE_PROFILE__PATHS="$PROFILE" \
   TABLETUNE_ESTIMATOR__PRIOR_DECAY=true TABLETUNE_PLUGIN__EXPLORATION_INTERVAL=50 \
   TABLETUNE_STATE__DIR="$WORK/state" TABLETUNE_SERVER__PORT=0 \
-    tabletune daemon > "$WORK/daemon.log" 2>&1 &
+    python3 -m tabletune.cli.main daemon > "$WORK/daemon.log" 2>&1 &
   DAEMON_PID=$!
 }
 for b in $REPAIR_LOADS; do
@@ -237,6 +252,8 @@ done
 
 # 3. Switch: the daemon runs with the measured table under realistic rates; 60 s in, the
 #    hook switches the sampler to the low rates; 5 s windows throughout.
+case " $PARTS " in *" switch "*) ;; *) echo "wrote $OUT"; exit 0 ;; esac
+set_rates "$REALISTIC"
 put_table "$(cat "$WORK/measured-realistic.json")"
 rm -rf "$WORK/state"
 start_daemon
