@@ -23,7 +23,7 @@ ENGINE = ["--model", "/m/qwen3-4b", "--drafter", "/m/eagle3", "-K", "3", "--max-
 
 
 def test_defaults_are_pinned() -> None:
-    assert GridSettings() == GridSettings(dense_until=16, step=8)
+    assert GridSettings() == GridSettings(dense_until=16, step=8, explicit=())
     assert TimingSettings() == TimingSettings(
         prompt_tokens=32,
         decode_tokens=64,
@@ -77,6 +77,10 @@ def test_flags_build_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.grid == GridSettings(dense_until=8, step=4)
     assert settings.connection.admin_token == "s3cret"
     assert settings_from(build_parser().parse_args(["check", *ENGINE])).grid == GridSettings()
+    dense = build_parser().parse_args(
+        ["profile", *ENGINE, "-o", "p.json", "--batch-sizes", "3,1,2"]
+    )
+    assert settings_from(dense).grid.explicit == (3, 1, 2)
     assert ProfilerSettings().timing == TimingSettings()
 
 

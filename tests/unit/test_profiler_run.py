@@ -292,6 +292,16 @@ def test_k_outside_the_starting_table_is_refused_before_measuring(tmp_path: Path
     assert fake.completions == []
 
 
+def test_an_explicit_grid_is_profiled_as_given(tmp_path: Path) -> None:
+    harness, fake = serving(tmp_path)
+    settings = replace(SETTINGS, grid=GridSettings(explicit=(5, 6, 7, 8)))
+    with fake.serve() as url:
+        run, _ = harness.run(url, settings=settings)
+    profile = load_profile(run.paths.profile)
+    assert profile.batch_grid == (5, 6, 7, 8)
+    assert "explicit grid" in profile.metadata.notes
+
+
 def test_only_the_starting_tables_k_when_asked(tmp_path: Path) -> None:
     harness, fake = serving(tmp_path, starting_table=[[1, 1, 3], [2, MAX, 0]])
     with fake.serve() as url:

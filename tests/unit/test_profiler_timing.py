@@ -6,7 +6,13 @@ import pytest
 
 from tabletune.errors import InputError
 from tabletune.profiler.errors import MeasurementError
-from tabletune.profiler.timing import batch_grid, build_cells, step_ms, suspicious_cells
+from tabletune.profiler.timing import (
+    batch_grid,
+    build_cells,
+    explicit_grid,
+    step_ms,
+    suspicious_cells,
+)
 
 
 def test_grid_is_dense_then_stepped_and_ends_at_max_num_seqs() -> None:
@@ -20,6 +26,13 @@ def test_grid_is_dense_then_stepped_and_ends_at_max_num_seqs() -> None:
     assert batch_grid(100, dense_until=4, step=32) == (1, 2, 3, 4, 36, 68, 100)
     with pytest.raises(InputError):
         batch_grid(0)
+
+
+def test_an_explicit_grid_is_sorted_and_bounded() -> None:
+    assert explicit_grid((96, 88, 89, 88), 256) == (88, 89, 96)
+    for bad in ((), (0, 4), (300,)):
+        with pytest.raises(InputError):
+            explicit_grid(bad, 256)
 
 
 def test_step_is_the_extra_time_of_the_long_request_per_extra_token() -> None:

@@ -90,7 +90,9 @@ def settings_from(args: argparse.Namespace) -> ProfilerSettings:
             synthetic_rates=args.acceptance_synthetic_rates,
             enabled=not args.no_acceptance,
         )
-        grid = GridSettings(dense_until=args.dense_until, step=args.grid_step)
+        grid = GridSettings(
+            dense_until=args.dense_until, step=args.grid_step, explicit=args.batch_sizes or ()
+        )
     return ProfilerSettings(
         grid=grid,
         timing=TimingSettings(
@@ -210,6 +212,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     profile.add_argument("--model-runner", choices=("v1", "v2"), help="for the metadata")
     profile.add_argument("--dense-until", type=int, default=16, help="every B up to this")
     profile.add_argument("--grid-step", type=int, default=8, help="then every this many")
+    profile.add_argument(
+        "--batch-sizes",
+        type=_ints,
+        help="exactly these batch sizes instead (e.g. 80,81,...,96 to resolve a region densely)",
+    )
     profile.add_argument("--acceptance-prompts", help="JSONL prompt set (text or token ids)")
     profile.add_argument("--acceptance-num-prompts", type=int, default=160)
     profile.add_argument("--acceptance-max-tokens", type=int, default=128)

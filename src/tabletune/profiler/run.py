@@ -27,7 +27,7 @@ from tabletune.profiler.records import RawRecord, RawSample
 from tabletune.profiler.server import EngineSpec, starting_table
 from tabletune.profiler.session import EngineFactory, EngineSession
 from tabletune.profiler.settings import ProfilerSettings
-from tabletune.profiler.timing import batch_grid, build_cells
+from tabletune.profiler.timing import batch_grid, build_cells, explicit_grid
 from tabletune.schemas import AcceptanceProfile, Profile, ProfileMetadata, Table, save_model
 from tabletune.schemas.profile import step_times_of
 from tabletune.solver import Solution, build_table
@@ -160,10 +160,14 @@ class ProfileRun:
         self._factory = engine_factory
         self._clock = clock
         self._gpu_name = gpu_name
-        self.grid = batch_grid(
-            request.max_num_seqs,
-            dense_until=settings.grid.dense_until,
-            step=settings.grid.step,
+        self.grid = (
+            explicit_grid(settings.grid.explicit, request.max_num_seqs)
+            if settings.grid.explicit
+            else batch_grid(
+                request.max_num_seqs,
+                dense_until=settings.grid.dense_until,
+                step=settings.grid.step,
+            )
         )
         self.wall: dict[str, float] = {}
         self.samples: list[RawSample] = []
@@ -176,8 +180,14 @@ class ProfileRun:
             "v2" if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "1") == "1" else "v1"
         )
         timing = self.settings.timing
+        grid = self.settings.grid
+        shape = (
+            "explicit grid"
+            if grid.explicit
+            else f"grid dense to {grid.dense_until} then step {grid.step}"
+        )
         summary = (
-            f"grid dense to {self.settings.grid.dense_until} then step {self.settings.grid.step}; "
+            f"{shape}; "
             f"{timing.repeats} repeats of 1 vs 1+{timing.decode_tokens} tokens, "
             f"prompts of {timing.prompt_tokens} tokens; outlier factor {timing.outlier_factor}"
         )

@@ -16,6 +16,9 @@ class GridSettings:
     """every batch size 1..dense_until is measured (small B is where k matters most)"""
     step: int = 8
     """above dense_until, every ``step`` batch sizes up to max_num_seqs (which is always kept)"""
+    explicit: tuple[int, ...] = ()
+    """if given, exactly these batch sizes (e.g. a dense region where T depends on the exact
+    token count); replaces dense_until/step"""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,14 @@ def batch_grid(max_num_seqs: int, *, dense_until: int = 16, step: int = 8) -> tu
     return tuple(grid)
 
 
+def explicit_grid(batch_sizes: Sequence[int], max_num_seqs: int) -> tuple[int, ...]:
+    """A given grid, sorted and checked against max_num_seqs."""
+    grid = tuple(sorted(set(batch_sizes)))
+    if not grid or grid[0] < 1 or grid[-1] > max_num_seqs:
+        raise InputError(f"batch sizes must be within 1..max_num_seqs={max_num_seqs}: {grid}")
+    return grid
+
+
 def step_ms(short_s: float, long_s: float, decode_tokens: int) -> float:
     """One decode step in ms from a 1-token and a (1 + decode_tokens)-token request of the same
     batch: both pay the same prefill and overheads, the long one ``decode_tokens`` more steps."""
