@@ -87,3 +87,4 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
     profile = load_profile(SAMPLE)
     save_model(profile, tmp_path / "a.json")
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644

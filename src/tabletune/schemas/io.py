@@ -96,6 +96,8 @@ def save_model(model: BaseModel, path: str | Path) -> None:
     payload = model.model_dump_json(indent=2) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        # mkstemp makes 0600; profiles and state are read by other users (e.g. the daemon's).
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(payload)
             handle.flush()
