@@ -25,10 +25,7 @@ INTERVAL = 30.0
 
 
 def settings_with(**env: str) -> DaemonSettings:
-    base = {
-        "TABLETUNE_LOOP__INTERVAL_S": str(INTERVAL),
-        "TABLETUNE_ESTIMATOR__REBUILD_EVERY_DRAFTS": "2000",
-    }
+    base = {"TABLETUNE_LOOP__INTERVAL_S": str(INTERVAL)}
     base.update({f"TABLETUNE_{key}": value for key, value in env.items()})
     return load_settings(base)
 
@@ -130,7 +127,9 @@ def test_steady_state_reads_the_table_only_to_refresh() -> None:
 
 
 def test_follows_an_acceptance_switch() -> None:
-    rig = Rig(settings_with())
+    # Positions the new table rarely drafts (exploration only) keep little live evidence
+    # against w=2000; prior decay lets that evidence win (DESIGN.md: the trap).
+    rig = Rig(settings_with(ESTIMATOR__PRIOR_DECAY="true"))
     rig.cycles(3)
     engine = rig.engines["r1"]
     low = (0.3, 0.1, 0.03)

@@ -115,7 +115,7 @@ def test_no_traffic_no_histogram_uses_running_gauge() -> None:
 
 def test_garbled_text_is_an_input_error() -> None:
     with pytest.raises(InputError):
-        parse_snapshot('vllm:x{engine="0" 1\n')
+        parse_snapshot('vllm:spec_decode_num_drafts_total{engine="0" 1\n')
 
 
 def test_buckets_to_ranges() -> None:

@@ -26,8 +26,8 @@ DEFAULTS = {
     "profile": {"paths": (), "acceptance_path": None},
     "estimator": {
         "prior_weight": 2000.0,
-        "rebuild_every_drafts": 2000,
-        "prior_decay": False,
+        "rebuild_every_drafts": 10000,
+        "prior_decay": True,
         "scope": "replica",
     },
     "decision": {"min_gain": 0.01, "stickiness": 0.005, "load_memory": 0.8},

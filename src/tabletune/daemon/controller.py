@@ -18,7 +18,7 @@ from tabletune.admin.protocol import TableView
 from tabletune.daemon import alerts as names
 from tabletune.daemon.alerts import Alert, AlertSink
 from tabletune.daemon.decide import Decision, decide
-from tabletune.daemon.drift import acceptance_gap, step_drifts
+from tabletune.daemon.drift import acceptance_gap, profile_ms, step_drifts
 from tabletune.daemon.estimation import UnitEstimator
 from tabletune.daemon.guard import (
     GoodputHistory,
@@ -37,7 +37,7 @@ from tabletune.daemon.settings import DaemonSettings
 from tabletune.daemon.state import DaemonState, ReplicaRecord, StateStore, UnitRecord
 from tabletune.errors import PermanentError, TableTuneError, TemporaryError
 from tabletune.schemas.table import Range, TableError, normalize_ranges
-from tabletune.solver import EstimatorState, SolverError
+from tabletune.solver import EstimatorState, Solution, SolverError, StepTimes, build_table
 
 log = structlog.get_logger("tabletune.daemon")
 
@@ -142,6 +142,8 @@ class Controller:
         self.replicas: dict[str, ReplicaRuntime] = {}
         self._saved_replicas: dict[str, ReplicaRecord] = {}
         self._saved_units: dict[str, UnitRecord] = {}
+        self._bucket_ms: dict[str, dict[tuple[int, str], float | None]] = {}
+        self._solutions: dict[tuple[object, ...], Solution] = {}
         self.stopping = False
         self.last_cycle_end: float | None = None
         self.last_evaluation: float | None = None
@@ -252,6 +254,7 @@ class Controller:
     # ---- the cycle -----------------------------------------------------------------------
     def run_cycle(self) -> CycleReport:
         now = self.clock()
+        self._solutions.clear()
         report = CycleReport(started=now)
         checked: set[tuple[str, str]] = {("", "")}  # (replica, pool) scopes re-evaluated
         try:
@@ -423,6 +426,7 @@ class Controller:
             load_weights=rt.loads.weights,
             settings=self.settings.decision,
             force=restart,
+            build=self._build,
         )
         report.decisions[rt.replica] = decision
         rt.needs_decision = False
@@ -648,9 +652,41 @@ class Controller:
             loads,
             rates,
             max_k=ran_view.num_speculative_tokens,
+            t_ms=rt.pool.t_ms,
         )
         if predicted:
             rt.history.add(GoodputSample(now, obs.mean_batch, obs.tokens_per_s, predicted))
+
+    def _build(
+        self,
+        step_times: StepTimes,
+        rates: Sequence[float],
+        *,
+        allowed_k: Sequence[int],
+        max_batch: int,
+        stickiness: float,
+    ) -> Solution:
+        """``build_table``, shared within a cycle by replicas with the same inputs (a pool)."""
+        key = (id(step_times), tuple(rates), tuple(allowed_k), max_batch, stickiness)
+        solution = self._solutions.get(key)
+        if solution is None:
+            solution = build_table(
+                step_times, rates, allowed_k=allowed_k, max_batch=max_batch, stickiness=stickiness
+            )
+            self._solutions[key] = solution
+        return solution
+
+    def _expected_ms(self, pool: PoolProfile) -> Callable[[int, str], float | None]:
+        """Profile T averaged over a batch bucket, computed once per (pool, k, bucket)."""
+        cache = self._bucket_ms.setdefault(pool.name, {})
+
+        def lookup(k: int, bucket: str) -> float | None:
+            key = (k, bucket)
+            if key not in cache:
+                cache[key] = profile_ms(pool.step_times, k, bucket)
+            return cache[key]
+
+        return lookup
 
     def _drift_checks(self, rt: ReplicaRuntime, obs: Observation, now: float) -> None:
         memory = self.settings.decision.load_memory
@@ -660,7 +696,10 @@ class Controller:
             totals[key] = (s0 + seconds, c0 + steps)
         rt.step_totals = {key: v for key, v in totals.items() if v[1] > 1e-3}
         drifts = step_drifts(
-            rt.pool.step_times, rt.step_totals, min_steps=self.settings.drift.min_steps
+            rt.pool.step_times,
+            rt.step_totals,
+            min_steps=self.settings.drift.min_steps,
+            expected_ms=self._expected_ms(rt.pool),
         )
         worst = None
         for d in drifts:

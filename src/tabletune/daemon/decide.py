@@ -4,13 +4,13 @@ more than ``min_gain`` (no flapping), or when the replica restarted and lost our
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tabletune.admin.protocol import TableView
 from tabletune.daemon.settings import DecisionSettings
 from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
-from tabletune.solver import SolverError, StepTimes, build_table, predicted_gain
+from tabletune.solver import Solution, SolverError, StepTimes, build_table, predicted_gain
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ def decide(
     load_weights: Mapping[int, float],
     settings: DecisionSettings,
     force: bool = False,
+    build: Callable[..., Solution] = build_table,
 ) -> Decision:
     """The table to run on this replica; ``force`` skips the gain threshold (restart)."""
     if not view.dynamic or view.table is None:
@@ -55,7 +56,7 @@ def decide(
         current = None
         current_problem = str(error)
     try:
-        solution = build_table(
+        solution = build(
             step_times,
             rates,
             allowed_k=allowed,

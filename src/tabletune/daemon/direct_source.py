@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import httpx
 
 from tabletune.daemon.observation import Observation, SourceResult
-from tabletune.daemon.scrape import Snapshot, observe_delta, parse_snapshot
+from tabletune.daemon.scrape import SampleHeads, Snapshot, observe_delta, parse_snapshot
 from tabletune.daemon.settings import SourceSettings
 from tabletune.errors import InputError
 
@@ -34,6 +34,7 @@ class DirectSource:
         self._http = httpx.Client(timeout=settings.timeout_s, transport=transport)
         self._last: dict[str, tuple[float, Snapshot]] = {}
         self._fetch = fetch or self._http_text
+        self._heads = SampleHeads()
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -54,7 +55,7 @@ class DirectSource:
         return response.text
 
     def _scrape(self, replica: str) -> Snapshot:
-        return parse_snapshot(self._fetch(replica))
+        return parse_snapshot(self._fetch(replica), heads=self._heads)
 
     def collect(self, now: float, *, on_replica: Callable[[], bool] | None = None) -> SourceResult:
         """Scrape every replica; ``on_replica`` returning False abandons the rest (shutdown)."""

@@ -6,7 +6,7 @@ ran 1.3-1.9x the profiled step); the table is then built on wrong T and an opera
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,13 +45,17 @@ def step_drifts(
     totals: Mapping[tuple[int, str], tuple[float, float]],
     *,
     min_steps: int,
+    expected_ms: Callable[[int, str], float | None] | None = None,
 ) -> list[StepDrift]:
-    """Every (k, bucket) with enough steps, live mean vs profile."""
+    """Every (k, bucket) with enough steps, live mean vs profile (``expected_ms`` may memoise
+    ``profile_ms``)."""
     out: list[StepDrift] = []
     for (k, bucket), (seconds, steps) in sorted(totals.items()):
         if steps < min_steps or steps <= 0:
             continue
-        expected = profile_ms(step_times, k, bucket)
+        expected = (
+            expected_ms(k, bucket) if expected_ms is not None else profile_ms(step_times, k, bucket)
+        )
         if expected is None:
             continue
         out.append(StepDrift(k, bucket, 1000.0 * seconds / steps, expected, steps))

@@ -1,23 +1,66 @@
 """Per-unit (replica or pool) acceptance tracking around the solver's estimator.
 
-Live counts accumulate until ``rebuild_every_drafts`` new drafts have been seen; then the
-estimate is rebuilt (``rebuild_step``: a_hat, then live counts halved, w halved with prior decay).
-Between rebuilds the last estimate stands, so decisions never rest on a handful of drafts.
+The estimate is rebuilt every ``rebuild_every_drafts`` drafts (``rebuild_step``: a_hat, then the
+live counts halved, and w halved with prior decay). One cycle may bring many times that many
+drafts: its counts are then split evenly into the rebuilds they contain, in order, so recent
+traffic dominates exactly as if the rebuilds had happened as the drafts arrived (the order of
+drafts inside one cycle is unknown; an even split is the neutral guess). Between rebuilds the
+last estimate stands, so decisions never rest on a handful of drafts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tabletune.daemon.settings import EstimatorSettings
-from tabletune.solver import EstimatorState, observe, rebuild_step
+from tabletune.solver import EstimatorState, estimate, observe, rebuild_step
 
 
 def fit_positions(counts: Sequence[float], size: int) -> tuple[float, ...]:
     """Counts per position padded with zeros / cut to the prior's K positions."""
     values = [float(c) for c in counts[:size]]
     return tuple(values + [0.0] * (size - len(values)))
+
+
+def _scaled(values: Sequence[float], factor: float) -> tuple[float, ...]:
+    return tuple(v * factor for v in values)
+
+
+def repeated_rebuilds(
+    state: EstimatorState,
+    drafted: Sequence[float],
+    accepted: Sequence[float],
+    times: int,
+    *,
+    prior_decay: bool,
+) -> tuple[tuple[float, ...], EstimatorState]:
+    """``times`` x (``observe`` the same counts, then ``rebuild_step``), in closed form.
+
+    Live counts L follow L_j = (L_{j-1} + c) / 2, so L_r = c + (L_0 - c) / 2^r; the last
+    estimate sees L_{r-1} + c = 2 L_r, with the prior weight w / 2^(r-1) under prior decay.
+    """
+    if times < 1:
+        raise ValueError("times must be >= 1")
+    shrink = 0.5**times
+
+    def after(live: Sequence[float], chunk: Sequence[float]) -> tuple[float, ...]:
+        return tuple(c + (x - c) * shrink for x, c in zip(live, chunk, strict=True))
+
+    live_d = after(state.drafted, drafted)
+    live_a = after(state.accepted, accepted)
+    live_a = tuple(min(a, d) for a, d in zip(live_a, live_d, strict=True))  # rounding guard
+    weight_seen = state.weight * (0.5 ** (times - 1) if prior_decay else 1.0)
+    rates = estimate(
+        replace(state, weight=weight_seen, drafted=_scaled(live_d, 2), accepted=_scaled(live_a, 2))
+    )
+    final = replace(
+        state,
+        weight=state.weight * (shrink if prior_decay else 1.0),
+        drafted=live_d,
+        accepted=live_a,
+    )
+    return rates, final
 
 
 @dataclass
@@ -41,16 +84,34 @@ class UnitEstimator:
         *,
         settings: EstimatorSettings,
     ) -> bool:
-        """Add live counts; True when this triggered a rebuild (new ``rates``)."""
+        """Add live counts; True when they completed at least one rebuild (new ``rates``)."""
         size = len(self.state.prior)
         d = fit_positions(drafted, size)
         # Counters are read a moment apart: never let accepted exceed drafted at a position.
         a = tuple(min(x, y) for x, y in zip(fit_positions(accepted, size), d, strict=True))
-        self.state = observe(self.state, d, a)
-        self.drafts_since_rebuild += d[0] if d else 0.0
-        if self.drafts_since_rebuild < settings.rebuild_every_drafts:
+        every = float(settings.rebuild_every_drafts)
+        new = d[0]
+        total = self.drafts_since_rebuild + new
+        if total < every or new <= 0:
+            self.state = observe(self.state, d, a)
+            self.drafts_since_rebuild = total
             return False
-        self.rates, self.state = rebuild_step(self.state, prior_decay=settings.prior_decay)
-        self.drafts_since_rebuild = 0.0
-        self.rebuilds += 1
+        count = int(total // every)
+        head = (every - self.drafts_since_rebuild) / new  # share before the first rebuild
+        step = every / new  # share between two rebuilds
+        tail = max(0.0, 1.0 - head - (count - 1) * step)
+        state = observe(self.state, _scaled(d, head), _scaled(a, head))
+        rates, state = rebuild_step(state, prior_decay=settings.prior_decay)
+        if count > 1:
+            rates, state = repeated_rebuilds(
+                state,
+                _scaled(d, step),
+                _scaled(a, step),
+                count - 1,
+                prior_decay=settings.prior_decay,
+            )
+        self.state = observe(state, _scaled(d, tail), _scaled(a, tail))
+        self.rates = rates
+        self.drafts_since_rebuild = tail * new
+        self.rebuilds += count
         return True

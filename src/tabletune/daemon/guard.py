@@ -12,7 +12,7 @@ regression, while a table that runs slower than the profile promised does.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,12 +40,14 @@ def predicted_tokens_per_s(
     rates: Sequence[float],
     *,
     max_k: int,
+    t_ms: Callable[[int, int], float] | None = None,
 ) -> float | None:
     """Model goodput (tokens/s) of ``ranges`` over the interval's steps: ``loads`` maps
     inclusive batch ranges to step counts (spread evenly inside a range)."""
     tokens = 0.0
     busy_ms = 0.0
     top = step_times.max_batch
+    step_ms = t_ms or step_times.at
     try:
         per_batch = expand(ranges, top)
         for (low, high), steps in loads.items():
@@ -54,8 +56,8 @@ def predicted_tokens_per_s(
                 batch = min(max(1, b), top)
                 k = min(per_batch[batch - 1], max_k)
                 tokens += share * b * tau(rates, k)
-                busy_ms += share * step_times.at(batch, k) * (b / batch)
-    except SolverError:
+                busy_ms += share * step_ms(batch, k) * (b / batch)
+    except (SolverError, KeyError):
         return None
     return 1000.0 * tokens / busy_ms if busy_ms > 0 else None
 

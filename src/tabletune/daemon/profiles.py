@@ -8,7 +8,9 @@ uses it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from tabletune.daemon.settings import ProfileSettings
 from tabletune.errors import InputError
@@ -25,10 +27,22 @@ class PoolProfile:
     profile: Profile
     step_times: StepTimes
     prior: tuple[float, ...]
+    dense_ms: np.ndarray = field(init=False, repr=False, compare=False)
+    _rows: dict[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # T for every B of the grid's range, once: the per-cycle checks index it.
+        object.__setattr__(self, "dense_ms", self.step_times.dense(self.step_times.max_batch))
+        object.__setattr__(self, "_rows", {k: i for i, k in enumerate(self.step_times.ks)})
 
     @property
     def model(self) -> str:
         return self.profile.metadata.model
+
+    def t_ms(self, batch_size: int, k: int) -> float:
+        """Profile T(B, k) in ms; B is clamped to 1..max profiled (KeyError for unprofiled k)."""
+        column = min(max(1, batch_size), self.step_times.max_batch) - 1
+        return float(self.dense_ms[self._rows[k], column])
 
 
 def pool_name(profile: Profile) -> str:

@@ -30,25 +30,43 @@ def with_retries(
     backoffs_s: Sequence[float],
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Run ``action``; on TemporaryError wait ``backoffs_s[i]`` and try again (len+1 tries)."""
+    """Run ``action``; on TemporaryError wait ``backoffs_s[i]`` and try again (len+1 tries).
+
+    The first try runs bare (the common case costs nothing); tenacity takes over on failure.
+    """
     attempts = len(backoffs_s) + 1
+    try:
+        return action()
+    except TemporaryError as error:
+        if attempts == 1:
+            raise
+        _log_retry(what, 1, attempts, error, backoffs_s[0])
+    sleep(backoffs_s[0])
 
     def before_sleep(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
-        log.warning(
-            "temporary failure, retrying",
-            what=what,
-            attempt=f"{state.attempt_number}/{attempts}",
-            error=str(error),
-            wait_s=backoffs_s[state.attempt_number - 1],
-        )
+        number = state.attempt_number + 1  # the bare first try came before
+        _log_retry(what, number, attempts, error, backoffs_s[number - 1])
 
+    later = backoffs_s[1:]
     retrying = Retrying(
         retry=retry_if_exception_type(TemporaryError),
-        wait=wait_chain(*[wait_fixed(s) for s in backoffs_s]) if backoffs_s else wait_fixed(0),
-        stop=stop_after_attempt(attempts),
+        wait=wait_chain(*[wait_fixed(s) for s in later]) if later else wait_fixed(0),
+        stop=stop_after_attempt(attempts - 1),
         sleep=sleep,
         before_sleep=before_sleep,
         reraise=True,
     )
     return retrying(action)
+
+
+def _log_retry(
+    what: str, number: int, attempts: int, error: BaseException | None, wait_s: float
+) -> None:
+    log.warning(
+        "temporary failure, retrying",
+        what=what,
+        attempt=f"{number}/{attempts}",
+        error=str(error),
+        wait_s=wait_s,
+    )

@@ -15,6 +15,99 @@ from tabletune.errors import InputError
 
 OPENMETRICS_VLLM_PREFIX = "vllm_"
 
+# The only samples read; every other line (HELP/TYPE, _created, step-duration buckets, other
+# vLLM series) is dropped before parsing, which is most of a vLLM exposition.
+WANTED = frozenset(
+    {
+        f"{mn.TT_DRAFT_TOKENS_PER_POS}_total",
+        f"{mn.VLLM_ACCEPTED_PER_POS}_total",
+        f"{mn.VLLM_NUM_DRAFTS}_total",
+        f"{mn.VLLM_GENERATION_TOKENS}_total",
+        f"{mn.TT_DECODE_BATCH_SIZE}_bucket",
+        f"{mn.TT_DECODE_BATCH_SIZE}_sum",
+        f"{mn.TT_DECODE_BATCH_SIZE}_count",
+        f"{mn.TT_STEP_DURATION}_sum",
+        f"{mn.TT_STEP_DURATION}_count",
+        mn.VLLM_NUM_REQUESTS_RUNNING,
+    }
+)
+
+
+def wanted_lines(text: str) -> str:
+    """Only the sample lines the daemon reads, vLLM names spelled ``vllm:`` (OpenMetrics
+    output from prometheus_client spells them ``vllm_``)."""
+    return "\n".join(_wanted(text)) + "\n"
+
+
+Sample = tuple[str, dict[str, str], float]
+
+
+class SampleHeads:
+    """Memo of sample heads (``name{labels}``) parsed by prometheus_client's parser.
+
+    A replica prints the same heads every scrape; only the values change. Parsing each head
+    once and reading values with ``float`` makes a 1,000-replica cycle affordable. Lines with a
+    timestamp, or anything unusual, go through the parser whole.
+    """
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self._heads: dict[str, tuple[str, dict[str, str]]] = {}
+        self._limit = limit
+
+    def samples(self, text: str) -> list[Sample]:
+        out: list[Sample] = []
+        for line in _wanted(text):
+            brace = line.rfind("}")
+            cut = brace + 1 if brace >= 0 else line.find(" ")
+            rest = line[cut:].split()
+            if cut <= 0 or len(rest) != 1:
+                out.extend(_parse(line))
+                continue
+            head = line[:cut]
+            known = self._heads.get(head)
+            if known is None:
+                parsed = _parse(head + " 0")
+                if len(parsed) != 1:
+                    raise InputError(f"unreadable /metrics line: {line[:200]!r}")
+                known = (parsed[0][0], parsed[0][1])
+                if len(self._heads) >= self._limit:
+                    self._heads.clear()  # label churn: start over rather than grow forever
+                self._heads[head] = known
+            try:
+                value = float(rest[0])
+            except ValueError:
+                raise InputError(f"unreadable /metrics value: {line[:200]!r}") from None
+            out.append((known[0], known[1], value))
+        return out
+
+
+def _parse(text: str) -> list[Sample]:
+    try:
+        return [
+            (s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text + "\n")
+            for s in family.samples
+        ]
+    except ValueError as error:
+        raise InputError(f"unreadable /metrics text: {error}") from None
+
+
+def _wanted(text: str) -> list[str]:
+    kept = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith(OPENMETRICS_VLLM_PREFIX):
+            line = "vllm:" + line[len(OPENMETRICS_VLLM_PREFIX) :]
+        cut = len(line)
+        for mark in ("{", " "):
+            found = line.find(mark)
+            if 0 <= found < cut:
+                cut = found
+        if line[:cut] in WANTED:
+            kept.append(line)
+    return kept
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -38,8 +131,10 @@ def _position(labels: dict[str, str]) -> int | None:
     return int(raw) if raw is not None and raw.isdigit() else None
 
 
-def parse_snapshot(text: str) -> Snapshot:
-    """Parse a Prometheus text exposition (vLLM + plugin) into totals; InputError if garbled."""
+def parse_snapshot(text: str, *, heads: SampleHeads | None = None) -> Snapshot:
+    """Parse a Prometheus text exposition (vLLM + plugin) into totals; InputError if garbled.
+
+    ``heads`` (kept by the caller across scrapes) memoises label parsing."""
     drafted: dict[int, float] = defaultdict(float)
     accepted: dict[int, float] = defaultdict(float)
     buckets: dict[float, float] = defaultdict(float)
@@ -48,46 +143,39 @@ def parse_snapshot(text: str) -> Snapshot:
     totals = {"drafts": 0.0, "tokens": 0.0, "batch_sum": 0.0, "batch_count": 0.0}
     running: float | None = None
     model: str | None = None
-    try:
-        families = list(text_string_to_metric_families(text))
-    except ValueError as error:
-        raise InputError(f"unreadable /metrics text: {error}") from None
-    for family in families:
-        for sample in family.samples:
-            name, labels, value = sample.name, sample.labels, float(sample.value)
-            if name.startswith(OPENMETRICS_VLLM_PREFIX):  # OpenMetrics spelling of "vllm:"
-                name = "vllm:" + name[len(OPENMETRICS_VLLM_PREFIX) :]
-            if math.isnan(value):
+    samples = (heads or SampleHeads()).samples(text)
+    for name, labels, value in samples:
+        if math.isnan(value):
+            continue
+        if name == f"{mn.TT_DRAFT_TOKENS_PER_POS}_total":
+            position = _position(labels)
+            if position is not None:
+                drafted[position] += value
+        elif name == f"{mn.VLLM_ACCEPTED_PER_POS}_total":
+            position = _position(labels)
+            if position is not None:
+                accepted[position] += value
+            model = labels.get(mn.LABEL_MODEL, model)
+        elif name == f"{mn.VLLM_NUM_DRAFTS}_total":
+            totals["drafts"] += value
+            model = labels.get(mn.LABEL_MODEL, model)
+        elif name == f"{mn.VLLM_GENERATION_TOKENS}_total":
+            totals["tokens"] += value
+        elif name == f"{mn.TT_DECODE_BATCH_SIZE}_bucket":
+            buckets[float(labels["le"])] += value
+        elif name == f"{mn.TT_DECODE_BATCH_SIZE}_sum":
+            totals["batch_sum"] += value
+        elif name == f"{mn.TT_DECODE_BATCH_SIZE}_count":
+            totals["batch_count"] += value
+        elif name in (f"{mn.TT_STEP_DURATION}_sum", f"{mn.TT_STEP_DURATION}_count"):
+            k_label = labels.get(mn.LABEL_K, "")
+            if not k_label.isdigit():
                 continue
-            if name == f"{mn.TT_DRAFT_TOKENS_PER_POS}_total":
-                position = _position(labels)
-                if position is not None:
-                    drafted[position] += value
-            elif name == f"{mn.VLLM_ACCEPTED_PER_POS}_total":
-                position = _position(labels)
-                if position is not None:
-                    accepted[position] += value
-                model = labels.get(mn.LABEL_MODEL, model)
-            elif name == f"{mn.VLLM_NUM_DRAFTS}_total":
-                totals["drafts"] += value
-                model = labels.get(mn.LABEL_MODEL, model)
-            elif name == f"{mn.VLLM_GENERATION_TOKENS}_total":
-                totals["tokens"] += value
-            elif name == f"{mn.TT_DECODE_BATCH_SIZE}_bucket":
-                buckets[float(labels["le"])] += value
-            elif name == f"{mn.TT_DECODE_BATCH_SIZE}_sum":
-                totals["batch_sum"] += value
-            elif name == f"{mn.TT_DECODE_BATCH_SIZE}_count":
-                totals["batch_count"] += value
-            elif name in (f"{mn.TT_STEP_DURATION}_sum", f"{mn.TT_STEP_DURATION}_count"):
-                k_label = labels.get(mn.LABEL_K, "")
-                if not k_label.isdigit():
-                    continue
-                key = (int(k_label), labels.get(mn.LABEL_BATCH_BUCKET, ""))
-                target = step_sum if name.endswith("_sum") else step_count
-                target[key] += value
-            elif name == mn.VLLM_NUM_REQUESTS_RUNNING:
-                running = (running or 0.0) + value
+            key = (int(k_label), labels.get(mn.LABEL_BATCH_BUCKET, ""))
+            target = step_sum if name.endswith("_sum") else step_count
+            target[key] += value
+        elif name == mn.VLLM_NUM_REQUESTS_RUNNING:
+            running = (running or 0.0) + value
     return Snapshot(
         drafted=dict(drafted),
         accepted=dict(accepted),

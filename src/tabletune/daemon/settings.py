@@ -96,9 +96,12 @@ class ProfileSettings(_Group):
 class EstimatorSettings(_Group):
     prior_weight: float = Field(default=2000.0, ge=0, description="w: weight of the prior a_i")
     rebuild_every_drafts: int = Field(
-        default=2000, ge=1, description="rebuild the estimate every N new drafts"
+        default=10000, ge=1, description="rebuild the estimate every N new drafts"
     )
-    prior_decay: bool = Field(default=False, description="halve w after every rebuild")
+    prior_decay: bool = Field(
+        default=True,
+        description="halve w after every rebuild (the prior then only matters until data comes)",
+    )
     scope: Literal["replica", "pool"] = Field(
         default="replica", description="estimate acceptance per replica or per pool"
     )
