@@ -184,7 +184,7 @@ def bench_repair(profile: Path, *, interval_s: float, horizon_s: float) -> dict[
             t = rig.sim_s - start
             if report.pushed:
                 pushes.append(t)
-            loss = (rig.truth()["table_worst_loss"] or {}).get("loss")
+            loss = worst_loss_vs_oracle(rig)
             worst.append((t, loss))
             if loss is not None and loss <= CONVERGED:
                 converged_at = t if converged_at is None else converged_at
@@ -206,6 +206,43 @@ def bench_repair(profile: Path, *, interval_s: float, horizon_s: float) -> dict[
     }
 
 
+def worst_loss_vs_oracle(rig: Rig) -> float | None:
+    """max over B of 1 - G(running table) / G(oracle table), true acceptance, allowed k only
+    (the truth endpoint's own worst loss is against every profiled k, captured or not)."""
+    truth = rig.truth()
+    if truth["table"] is None:
+        return None
+    ran = goodput_per_load(rig, truth["rates"], truth["table"])
+    best = goodput_per_load(rig, truth["rates"], truth["oracle_table"])
+    return max(1.0 - r / o for r, o in zip(ran, best, strict=True))
+
+
+def goodput_per_load(rig: Rig, rates: Sequence[float], table: Any) -> tuple[float, ...]:
+    engine = next(iter(rig.replicas.values())).engine
+    return evaluate_table(
+        engine.step_times,
+        rates,
+        [tuple(r) for r in table],
+        max_batch=engine.max_num_seqs,
+        max_k=engine.num_speculative_tokens,
+    ).goodput
+
+
+def switch_load(rig: Rig, before: Sequence[float], after: Sequence[float]) -> int:
+    """The load (within the scenario's range) where the switch costs the old best table most."""
+    engine = next(iter(rig.replicas.values())).engine
+    tables = [
+        build_table(
+            engine.step_times, rates, allowed_k=engine.oracle_ks, max_batch=engine.max_num_seqs
+        ).ranges
+        for rates in (before, after)
+    ]
+    old, new = (goodput_per_load(rig, after, t) for t in tables)
+    load = rig.scenario.load
+    span = range(max(1, load.low), load.high + 1)  # type: ignore[union-attr]
+    return max(span, key=lambda b: new[b - 1] / old[b - 1])
+
+
 def mean_goodput(rig: Rig, rates: Sequence[float], table: Any, loads: range) -> float:
     engine = next(iter(rig.replicas.values())).engine
     evaluation = evaluate_table(
@@ -218,18 +255,18 @@ def mean_goodput(rig: Rig, rates: Sequence[float], table: Any, loads: range) -> 
     return sum(evaluation.goodput[b - 1] for b in loads) / len(loads)
 
 
-def bench_switch(
-    profile: Path, *, interval_s: float, phase_s: float, load: int = 200
-) -> dict[str, Any]:
-    """The load is held at ``load`` (a batch size where the switch moves the best k), so the
-    gap is real at the running load, the one the daemon optimises for."""
+def bench_switch(profile: Path, *, interval_s: float, phase_s: float) -> dict[str, Any]:
+    """The load is held where the switch costs the old best table most (``switch_load``), so
+    the gap is real at the running load, the one the daemon optimises for."""
     with tempfile.TemporaryDirectory() as tmp:
         rig = Rig("acceptance-switch", profile, Path(tmp), LOOP__INTERVAL_S=str(interval_s))
         replica = next(iter(rig.replicas.values()))
-        replica.set_load(load)
         acceptance = rig.scenario.acceptance
         switch_at = float(acceptance.at_s)  # type: ignore[union-attr]
+        before = tuple(acceptance.before)  # type: ignore[union-attr]
         after = tuple(acceptance.after)  # type: ignore[union-attr]
+        load = switch_load(rig, before, after)
+        replica.set_load(load)
         rig.wall.t += phase_s
         table_at_switch: Any = None
         while True:

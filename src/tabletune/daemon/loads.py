@@ -20,7 +20,13 @@ class LoadTracker:
 
     def add(self, observation: Observation) -> None:
         fresh: dict[int, float] = {}
-        for (low, high), count in observation.load_buckets.items():
+        buckets = observation.load_buckets
+        mean = observation.mean_batch
+        if len(buckets) == 1 and mean is not None:
+            (low, high), count = next(iter(buckets.items()))
+            if low <= mean <= high:  # one bucket: its mean is exact, not a uniform guess
+                buckets = {(round(mean), round(mean)): count}
+        for (low, high), count in buckets.items():
             share = count / (high - low + 1)
             for b in range(low, high + 1):
                 fresh[b] = fresh.get(b, 0.0) + share
