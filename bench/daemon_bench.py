@@ -164,6 +164,15 @@ class Rig:
         except Unavailable as error:
             raise InputError(f"{url}: {error}") from None
 
+    def metrics_rollbacks(self) -> float:
+        total = 0.0
+        for url in self.replicas:
+            value = self.controller.metrics.sample(
+                "tabletune_daemon_rollbacks_total", {"replica": url}
+            )
+            total += value or 0.0
+        return total
+
     @property
     def sim_s(self) -> float:
         return next(iter(self.replicas.values())).clock.sim_now()
@@ -239,7 +248,13 @@ def switch_load(rig: Rig, before: Sequence[float], after: Sequence[float]) -> in
     ]
     old, new = (goodput_per_load(rig, after, t) for t in tables)
     load = rig.scenario.load
-    span = range(max(1, load.low), load.high + 1)  # type: ignore[union-attr]
+    margin = rig.settings.plugin.hysteresis + 1  # the plugin holds k near table edges
+    edges = {start for table in tables for start, _, _ in table[1:]}
+    span = [
+        b
+        for b in range(max(1, load.low), load.high + 1)  # type: ignore[union-attr]
+        if all(abs(b - edge) > margin for edge in edges)
+    ]
     return max(span, key=lambda b: new[b - 1] / old[b - 1])
 
 
@@ -259,7 +274,15 @@ def bench_switch(profile: Path, *, interval_s: float, phase_s: float) -> dict[st
     """The load is held where the switch costs the old best table most (``switch_load``), so
     the gap is real at the running load, the one the daemon optimises for."""
     with tempfile.TemporaryDirectory() as tmp:
-        rig = Rig("acceptance-switch", profile, Path(tmp), LOOP__INTERVAL_S=str(interval_s))
+        # Hysteresis 0: the engine runs exactly the table, so the number is the estimator's and
+        # the decision's reaction (with h > 0 the plugin keeps k near edges by design).
+        rig = Rig(
+            "acceptance-switch",
+            profile,
+            Path(tmp),
+            LOOP__INTERVAL_S=str(interval_s),
+            PLUGIN__HYSTERESIS="0",
+        )
         replica = next(iter(rig.replicas.values()))
         acceptance = rig.scenario.acceptance
         switch_at = float(acceptance.at_s)  # type: ignore[union-attr]
@@ -299,6 +322,8 @@ def bench_switch(profile: Path, *, interval_s: float, phase_s: float) -> dict[st
         "scenario": f"acceptance-switch, load held at B={load}",
         "cycle_interval_s": interval_s,
         "first_cycle_at_s": phase_s,
+        "plugin_hysteresis": 0,
+        "rollbacks": rig.metrics_rollbacks(),
         "switch_at_s": switch_at,
         "rates_after": list(after),
         "table_at_switch": table_at_switch,

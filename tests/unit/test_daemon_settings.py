@@ -40,7 +40,7 @@ DEFAULTS = {
     },
     "guard": {
         "enabled": True,
-        "max_drop": 0.10,
+        "max_drop": 0.15,
         "load_tolerance": 0.10,
         "window_s": 300.0,
         "min_samples": 3,

@@ -28,7 +28,7 @@ from tabletune.daemon.guard import (
     judge,
     predicted_tokens_per_s,
 )
-from tabletune.daemon.loads import LoadTracker
+from tabletune.daemon.loads import LoadTracker, step_loads
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.daemon.profiles import PoolProfile, pool_for
@@ -643,7 +643,7 @@ class Controller:
         if obs.mean_batch is None or ran is None:
             return
         rates = interval_rates(obs.drafted, obs.accepted, unit.rates)
-        loads = obs.load_buckets or {
+        loads = step_loads(obs) or {
             (max(1, round(obs.mean_batch)), max(1, round(obs.mean_batch))): 1.0
         }
         predicted = predicted_tokens_per_s(
@@ -652,6 +652,7 @@ class Controller:
             loads,
             rates,
             max_k=ran_view.num_speculative_tokens,
+            exploration_interval=ran_view.exploration_interval,
             t_ms=rt.pool.t_ms,
         )
         if predicted:

@@ -40,14 +40,17 @@ def predicted_tokens_per_s(
     rates: Sequence[float],
     *,
     max_k: int,
+    exploration_interval: int = 0,
     t_ms: Callable[[int, int], float] | None = None,
 ) -> float | None:
     """Model goodput (tokens/s) of ``ranges`` over the interval's steps: ``loads`` maps
-    inclusive batch ranges to step counts (spread evenly inside a range)."""
+    inclusive batch ranges to step counts (spread evenly inside a range). With exploration,
+    one step in ``exploration_interval`` runs at K instead (the plugin's probe)."""
     tokens = 0.0
     busy_ms = 0.0
     top = step_times.max_batch
     step_ms = t_ms or step_times.at
+    probe = 1.0 / exploration_interval if exploration_interval > 0 else 0.0
     try:
         per_batch = expand(ranges, top)
         for (low, high), steps in loads.items():
@@ -55,8 +58,10 @@ def predicted_tokens_per_s(
             for b in range(low, high + 1):
                 batch = min(max(1, b), top)
                 k = min(per_batch[batch - 1], max_k)
-                tokens += share * b * tau(rates, k)
-                busy_ms += share * step_ms(batch, k) * (b / batch)
+                mix = [(k, 1.0)] if k >= max_k or not probe else [(k, 1 - probe), (max_k, probe)]
+                for step_k, part in mix:
+                    tokens += part * share * b * tau(rates, step_k)
+                    busy_ms += part * share * step_ms(batch, step_k) * (b / batch)
     except (SolverError, KeyError):
         return None
     return 1000.0 * tokens / busy_ms if busy_ms > 0 else None

@@ -11,6 +11,20 @@ from dataclasses import dataclass, field
 from tabletune.daemon.observation import Observation
 
 
+def step_loads(observation: Observation) -> dict[tuple[int, int], float]:
+    """Steps per inclusive batch range in the interval. The histogram's buckets are wide
+    (129-192) and T can jump inside one, so when every step fell in one bucket its mean (exact,
+    from _sum/_count) stands for it; otherwise steps spread evenly over each bucket."""
+    buckets = dict(observation.load_buckets)
+    mean = observation.mean_batch
+    if len(buckets) == 1 and mean is not None:
+        (low, high), count = next(iter(buckets.items()))
+        if low <= mean <= high:
+            point = max(1, round(mean))
+            return {(point, point): count}
+    return buckets
+
+
 @dataclass
 class LoadTracker:
     """Exponentially fading batch-size weights; ``memory`` is the share kept per cycle."""
@@ -20,13 +34,7 @@ class LoadTracker:
 
     def add(self, observation: Observation) -> None:
         fresh: dict[int, float] = {}
-        buckets = observation.load_buckets
-        mean = observation.mean_batch
-        if len(buckets) == 1 and mean is not None:
-            (low, high), count = next(iter(buckets.items()))
-            if low <= mean <= high:  # one bucket: its mean is exact, not a uniform guess
-                buckets = {(round(mean), round(mean)): count}
-        for (low, high), count in buckets.items():
+        for (low, high), count in step_loads(observation).items():
             share = count / (high - low + 1)
             for b in range(low, high + 1):
                 fresh[b] = fresh.get(b, 0.0) + share

@@ -150,7 +150,7 @@ class AdminSettings(_Group):
 class GuardSettings(_Group):
     enabled: bool = Field(default=True, description="roll back pushes that lowered goodput")
     max_drop: float = Field(
-        default=0.10, gt=0, lt=1, description="roll back when measured goodput drops more"
+        default=0.15, gt=0, lt=1, description="roll back when measured goodput drops more"
     )
     load_tolerance: float = Field(
         default=0.10, gt=0, description="samples compared when their loads differ by less"
