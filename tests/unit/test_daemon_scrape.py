@@ -10,7 +10,13 @@ from prometheus_client.exposition import start_http_server
 
 from tabletune import metric_names as mn
 from tabletune.daemon.direct_source import DirectSource
-from tabletune.daemon.scrape import Snapshot, buckets_to_ranges, observe_delta, parse_snapshot
+from tabletune.daemon.scrape import (
+    SampleHeads,
+    Snapshot,
+    buckets_to_ranges,
+    observe_delta,
+    parse_snapshot,
+)
 from tabletune.daemon.settings import load_settings
 from tabletune.errors import InputError
 from tests.support.servers import free_port
@@ -158,3 +164,25 @@ def test_direct_source_baseline_then_deltas(served: tuple[FakeVllm, str]) -> Non
     third = source.collect(115.0 + 10_000)
     assert url in third.problems and url not in third.observations
     source.close()
+
+
+def test_memoised_heads_parse_like_the_parser() -> None:
+    vllm = FakeVllm()
+    vllm.traffic("0", drafts=700, batch=8, k=3, step_s=0.01)
+    text = vllm.text()
+    heads = SampleHeads()
+    assert parse_snapshot(text, heads=heads) == parse_snapshot(text)
+    vllm.traffic("0", drafts=300, batch=8, k=3, step_s=0.01)
+    again = vllm.text()
+    assert parse_snapshot(again, heads=heads) == parse_snapshot(again)  # cached heads, new values
+
+
+def test_timestamps_and_openmetrics_names_are_read() -> None:
+    text = (
+        'vllm_spec_decode_num_drafts_total{engine="0",model_name="m"} 42 1700000000000\n'
+        'vllm_spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 21\n'
+        "# EOF\n"
+    )
+    snap = parse_snapshot(text, heads=SampleHeads())
+    assert snap.drafts == 42.0
+    assert snap.accepted == {0: 21.0}
