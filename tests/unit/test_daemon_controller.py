@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import structlog
 
 from tabletune.admin.state import TableState
 from tabletune.daemon import alerts as names
@@ -313,3 +314,32 @@ def test_corrupt_state_is_moved_aside_and_reported(tmp_path: Path) -> None:
     rig.cycles(3)  # runs normally and writes a good file
     assert rig.engines["r1"].state.ranges == rig.oracle(PRIOR)
     assert StateStore(tmp_path).load()[1] is None
+
+
+def test_a_failed_cycle_is_logged_with_its_traceback_and_the_loop_goes_on() -> None:
+    from tabletune.daemon.service import Daemon
+
+    rig = Rig(settings_with())
+    daemon = Daemon(
+        settings=rig.controller.settings, controller=rig.controller, metrics=rig.metrics
+    )
+    real_collect = rig.source.collect
+    calls = 0
+
+    def flaky(now: float, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("bug in a source")
+        return real_collect(now, **kwargs)  # type: ignore[arg-type]
+
+    rig.source.collect = flaky  # type: ignore[method-assign]
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(4):
+            daemon.safe_cycle()
+            rig.clock.now += INTERVAL
+    failed = [entry for entry in logs if entry["event"] == "cycle failed"]
+    assert len(failed) == 1 and failed[0]["exc_info"] is True
+    assert rig.metrics.sample("tabletune_daemon_cycles_total", {"outcome": "failed"}) == 1
+    assert rig.metrics.sample("tabletune_daemon_cycles_total", {"outcome": "ok"}) == 3
+    assert rig.engines["r1"].state.ranges == rig.oracle(PRIOR)
