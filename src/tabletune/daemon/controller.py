@@ -325,7 +325,9 @@ class Controller:
         self.save()
         self.alerts.flush(
             self.clock(),
-            checked=lambda key: (key[1], "") in checked or ("", key[2]) in checked,
+            # An alert about a replica is re-judged when that replica was; a pool-wide or global
+            # one when its pool (or the whole source) was.
+            checked=lambda key: ((key[1], "") if key[1] else ("", key[2])) in checked,
         )
         self.last_cycle_end = self.clock()
         self.metrics.cycle_seconds.set(self.last_cycle_end - now)
@@ -612,6 +614,7 @@ class Controller:
             return True
         rt.record.pushed, rt.record.previous = back, None
         rt.record.version = rolled.version
+        rt.view = rolled
         rt.hold_until = now + self.settings.guard.cooldown_s
         self.metrics.rollbacks.labels(rt.replica).inc()
         self.metrics.set_table(rt.replica, pending.previous, rolled.version)
