@@ -512,6 +512,7 @@ class Controller:
             self._push_failed(rt, str(error), now, report)
             return False
         old = decision.current
+        previous_push = rt.record.pushed_at
         rt.record.previous = [list(r) for r in old] if old is not None else rt.record.previous
         rt.record.pushed = new
         rt.record.version = pushed.version
@@ -549,8 +550,9 @@ class Controller:
             reason=decision.reason,
         )
         if self.settings.guard.enabled and old is not None:
-            start = now - self.settings.guard.window_s
-            before = tuple(s for s in rt.history.until(now) if s.at >= start)
+            # Only samples of the table this push replaces: since the previous push, if recent.
+            start = max(now - self.settings.guard.window_s, previous_push or 0.0)
+            before = tuple(s for s in rt.history.until(now) if s.at > start)
             rt.pending = PendingCheck(
                 pushed_at=now, pushed=decision.new, previous=old, before=before
             )
