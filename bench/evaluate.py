@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -844,6 +845,20 @@ def linear_fit_report(step_times: StepTimes) -> dict[str, Any]:
     }
 
 
+def code_version() -> dict[str, Any]:
+    """The commit the run used, and whether src/ had uncommitted changes (a shared tree)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        return {"commit": None, "src_dirty": None}
+    return {"commit": head or None, "src_dirty": bool(dirty)}
+
+
 def device() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -920,6 +935,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engine_version": "vLLM 0.26.0 (emulated: step times from the profile)",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_time_s": round(wall_s, 1),
+        "code": code_version(),
         "profile": {
             "path": shown_path,
             "gpu": profile.metadata.gpu,
