@@ -132,6 +132,19 @@ class Timeline:
     starting_worst: dict[str, Any] | None = None  # the starting table's worst load and loss
     goodput_before: list[tuple[float, float]] = field(default_factory=list)  # (tokens, oracle)
     goodput_after: list[tuple[float, float]] = field(default_factory=list)
+    starting_table: list[list[int]] | None = None
+    # model goodput / oracle at the running load, each cycle: the starting table kept vs ours
+    kept_share: list[float] = field(default_factory=list)
+    ours_share: list[float] = field(default_factory=list)
+
+
+def goodput_at(
+    step_times: StepTimes, rates: list[float], table: list[list[int]], batch: int
+) -> float:
+    """Model goodput (tokens/ms) of ``table`` at batch size ``batch``."""
+    return evaluate_table(
+        step_times, rates, [(r[0], r[1], r[2]) for r in table], max_batch=batch, max_k=len(rates)
+    ).goodput[batch - 1]
 
 
 def _efficiency(truth: dict[str, Any]) -> float | None:
@@ -258,6 +271,7 @@ def _loop(
             report = daemon.safe_cycle()
             truth = truth_client.get("/sim/v1/truth", params={"last": 1}).json()
             truth["loss_vs_oracle"] = loss_vs_oracle(truth, step_times)
+            _counterfactual(truth, step_times, timeline)
             sim_s = float(truth["sim_time_s"])
             if report is not None and report.pushed:
                 timeline.pushes.append(sim_s)
@@ -275,6 +289,25 @@ def _loop(
                 break
             next_at += wall_interval_s
             time.sleep(max(0.0, next_at - time.monotonic()))
+
+
+def _counterfactual(truth: dict[str, Any], step_times: StepTimes, timeline: Timeline) -> None:
+    """What the starting table would give at this load, next to what runs now (the model)."""
+    if timeline.starting_table is None:
+        timeline.starting_table = truth.get("table")
+    batch = int((truth.get("current") or {}).get("batch_size", 0))
+    rates = truth.get("rates")
+    if not batch or not rates or truth.get("table") is None or timeline.starting_table is None:
+        return
+    batch = min(batch, step_times.max_batch)
+    try:
+        oracle = goodput_at(step_times, rates, truth["oracle_table"], batch)
+        timeline.kept_share.append(
+            goodput_at(step_times, rates, timeline.starting_table, batch) / oracle
+        )
+        timeline.ours_share.append(goodput_at(step_times, rates, truth["table"], batch) / oracle)
+    except SolverError:
+        return
 
 
 def _record(truth: dict[str, Any], daemon: Daemon, timeline: Timeline, sim_s: float) -> None:
@@ -308,7 +341,7 @@ def share(pairs: list[tuple[float, float]]) -> float | None:
 
 
 def summary(timeline: Timeline) -> str:
-    before, after = share(timeline.goodput_before), share(timeline.goodput_after)
+    after = share(timeline.goodput_after)
     parts = [f"demo: {len(timeline.pushes)} push(es)"]
     if timeline.starting_worst:
         worst = timeline.starting_worst
@@ -323,10 +356,18 @@ def summary(timeline: Timeline) -> str:
             else "never"
         ),
     ]
-    if before is not None:
-        parts.append(f"goodput before the first push {before:.1%} of the oracle")
+    if timeline.ours_share:
+        kept = sum(timeline.kept_share) / len(timeline.kept_share)
+        ours = sum(timeline.ours_share) / len(timeline.ours_share)
+        parts.append(
+            f"at the loads seen, the starting table would give {kept:.1%} of the oracle's "
+            f"goodput, the daemon's tables {ours:.1%} (model)"
+        )
     if after is not None:
-        parts.append(f"after {after:.1%}")
+        parts.append(
+            f"measured by the emulator after the first push: {after:.1%} of the oracle "
+            "(the plugin's exploration steps included)"
+        )
     return "; ".join(parts)
 
 
