@@ -45,3 +45,16 @@ def bucket_bounds(label: str) -> tuple[int, int]:
     """Inverse of ``batch_bucket``: inclusive (low, high)."""
     low, _, high = label.partition("-")
     return int(low), int(high or low)
+
+
+# vLLM serves /metrics through prometheus_client's content negotiation. Prometheus asks for
+# OpenMetrics first, and in that format prometheus_client (seen with 0.26) writes the sample names
+# "vllm:..." as "vllm_...", so rules written against vLLM's documented names find nothing. Every
+# Prometheus job that scrapes vLLM carries this relabel to restore vLLM's spelling (a no-op when
+# the names arrive as "vllm:").
+VLLM_NAME_RELABEL: dict[str, object] = {
+    "source_labels": ["__name__"],
+    "regex": "vllm_(.+)",
+    "target_label": "__name__",
+    "replacement": "vllm:$1",
+}

@@ -28,6 +28,8 @@ import httpx
 import pytest
 import yaml
 
+from tabletune.metric_names import VLLM_NAME_RELABEL
+
 REQUIRE_ENV = "TABLETUNE_REQUIRE_SERVERS"
 PROMETHEUS_BINARY = "prometheus"
 ALERTMANAGER_BINARY = "prometheus-alertmanager"
@@ -247,7 +249,12 @@ def prometheus_config(
     extra_scrape_configs: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The config as a dict: one static job over ``targets`` ("host:port")."""
-    job_config: dict[str, Any] = {"job_name": job, "static_configs": [{"targets": list(targets)}]}
+    job_config: dict[str, Any] = {
+        "job_name": job,
+        "static_configs": [{"targets": list(targets)}],
+        # as the shipped config does: vLLM's names whatever exposition format was negotiated
+        "metric_relabel_configs": [VLLM_NAME_RELABEL],
+    }
     if scrape_timeout is not None:
         job_config["scrape_timeout"] = scrape_timeout
     config: dict[str, Any] = {
