@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from bench.common import environment, write_result  # noqa: E402
-from tabletune.admin.client import AdminRefused  # noqa: E402
+from tabletune.admin.client import AdminRefused, StateAdminClient  # noqa: E402
 from tabletune.admin.protocol import SettingsPut, TablePut, TableView  # noqa: E402
 from tabletune.admin.state import AdminError, TableState  # noqa: E402
 from tabletune.daemon import logs  # noqa: E402
@@ -361,49 +361,6 @@ def record_scale(profile: Path, replicas: int, cycles: int, workdir: Path) -> li
     return paths
 
 
-class StateAdmin:
-    """The real admin state transitions in memory (what the plugin does on each replica)."""
-
-    def __init__(self, state: TableState) -> None:
-        self.state = state
-
-    def _view(self) -> TableView:
-        return self.state.view(
-            plugin_version="bench", engine_version="0.26.0", model_name="qwen3-4b"
-        )
-
-    def get_table(self) -> TableView:
-        return self._view()
-
-    def put_table(
-        self,
-        table: Sequence[Sequence[int]],
-        *,
-        if_match: int | None = None,
-        allow_uncaptured: bool = False,
-    ) -> TableView:
-        body = TablePut(table=[list(r) for r in table], allow_uncaptured=allow_uncaptured)
-        try:
-            self.state = self.state.with_table(body, if_match=if_match)
-        except AdminError as error:
-            raise AdminRefused(error.status, error.detail) from None
-        return self._view()
-
-    def put_settings(
-        self,
-        *,
-        exploration_interval: int | None = None,
-        hysteresis: int | None = None,
-        if_match: int | None = None,
-    ) -> TableView:
-        body = SettingsPut(exploration_interval=exploration_interval, hysteresis=hysteresis)
-        try:
-            self.state = self.state.with_settings(body, if_match=if_match)
-        except AdminError as error:
-            raise AdminRefused(error.status, error.detail) from None
-        return self._view()
-
-
 def rss_mb(field: str = "VmRSS") -> float:
     """This process's resident memory (VmHWM: its peak; ru_maxrss would include the parent's
     peak across fork+exec)."""
@@ -428,12 +385,13 @@ def scale_child(profile: Path, paths: list[Path], scope: str) -> dict[str, Any]:
             fetch=lambda url: zlib.decompress(current[url]).decode(),
         )
         admins = {
-            url: StateAdmin(
+            url: StateAdminClient(
                 TableState.initial(
                     scenario.engine.starting_table,
                     num_speculative_tokens=scenario.engine.num_speculative_tokens,
                     max_num_seqs=scenario.engine.max_num_seqs,
-                )
+                ),
+                model_name="qwen3-4b",
             )
             for url in replicas
         }

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tabletune import __version__
-from tabletune.admin.client import AdminRefused
-from tabletune.admin.protocol import SettingsPut, TablePut, TableView
-from tabletune.admin.state import AdminError, TableState
+from tabletune.admin.client import StateAdminClient
+from tabletune.admin.protocol import TableView
+from tabletune.admin.state import TableState
 from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.errors import TemporaryError
 from tabletune.metric_names import batch_bucket
@@ -118,13 +117,23 @@ class ModelEngine:
         self.step_sum = {}
 
 
-class FakeAdmin:
-    """Admin client over the real pure transitions; ``fail_next`` temporary errors first."""
+class FakeAdmin(StateAdminClient):
+    """Admin client over the real pure transitions on the model engine's state;
+    ``fail_next`` temporary errors first."""
 
     def __init__(self, engine: ModelEngine) -> None:
         self.engine = engine
+        super().__init__(engine.state, model_name="m")
         self.fail_next = 0
         self.calls: list[str] = []
+
+    @property  # type: ignore[override]
+    def state(self) -> TableState:
+        return self.engine.state
+
+    @state.setter
+    def state(self, value: TableState) -> None:
+        self.engine.state = value
 
     def _maybe_fail(self, what: str) -> None:
         self.calls.append(what)
@@ -132,14 +141,9 @@ class FakeAdmin:
             self.fail_next -= 1
             raise TemporaryError(f"{what}: HTTP 503: engine busy")
 
-    def _view(self) -> TableView:
-        return self.engine.state.view(
-            plugin_version=__version__, engine_version="0.26.0", model_name="m"
-        )
-
     def get_table(self) -> TableView:
         self._maybe_fail("GET")
-        return self._view()
+        return super().get_table()
 
     def put_table(
         self,
@@ -149,14 +153,7 @@ class FakeAdmin:
         allow_uncaptured: bool = False,
     ) -> TableView:
         self._maybe_fail("PUT table")
-        try:
-            self.engine.state = self.engine.state.with_table(
-                TablePut(table=[list(r) for r in table], allow_uncaptured=allow_uncaptured),
-                if_match=if_match,
-            )
-        except AdminError as error:
-            raise AdminRefused(error.status, error.detail) from None
-        return self._view()
+        return super().put_table(table, if_match=if_match, allow_uncaptured=allow_uncaptured)
 
     def put_settings(
         self,
@@ -166,14 +163,9 @@ class FakeAdmin:
         if_match: int | None = None,
     ) -> TableView:
         self._maybe_fail("PUT settings")
-        try:
-            self.engine.state = self.engine.state.with_settings(
-                SettingsPut(exploration_interval=exploration_interval, hysteresis=hysteresis),
-                if_match=if_match,
-            )
-        except AdminError as error:
-            raise AdminRefused(error.status, error.detail) from None
-        return self._view()
+        return super().put_settings(
+            exploration_interval=exploration_interval, hysteresis=hysteresis, if_match=if_match
+        )
 
 
 class ModelSource:

@@ -7,11 +7,13 @@ at its I/O edge.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 
-from tabletune.admin.protocol import SETTINGS_PATH, TABLE_PATH, TableView
+from tabletune import __version__
+from tabletune.admin.protocol import SETTINGS_PATH, TABLE_PATH, SettingsPut, TablePut, TableView
+from tabletune.admin.state import AdminError, TableState
 from tabletune.errors import PermanentError, TemporaryError
 
 
@@ -100,3 +102,52 @@ class AdminClient:
         if hysteresis is not None:
             body["hysteresis"] = hysteresis
         return self._call("PUT", SETTINGS_PATH, json=body, headers=headers)
+
+
+class StateAdminClient:
+    """``AdminClient``'s interface over a ``TableState`` held in this process: the real state
+    transitions without HTTP, for benchmarks and tests that drive the daemon in process."""
+
+    def __init__(
+        self, state: TableState, *, engine_version: str = "0.26.0", model_name: str | None = None
+    ) -> None:
+        self.state = state
+        self.engine_version = engine_version
+        self.model_name = model_name
+
+    def _view(self) -> TableView:
+        return self.state.view(
+            plugin_version=__version__,
+            engine_version=self.engine_version,
+            model_name=self.model_name,
+        )
+
+    def _apply(self, change: Callable[[TableState], TableState]) -> TableView:
+        try:
+            self.state = change(self.state)
+        except AdminError as error:
+            raise AdminRefused(error.status, error.detail) from None
+        return self._view()
+
+    def get_table(self) -> TableView:
+        return self._view()
+
+    def put_table(
+        self,
+        table: Sequence[Sequence[int]],
+        *,
+        if_match: int | None = None,
+        allow_uncaptured: bool = False,
+    ) -> TableView:
+        body = TablePut(table=[list(r) for r in table], allow_uncaptured=allow_uncaptured)
+        return self._apply(lambda state: state.with_table(body, if_match=if_match))
+
+    def put_settings(
+        self,
+        *,
+        exploration_interval: int | None = None,
+        hysteresis: int | None = None,
+        if_match: int | None = None,
+    ) -> TableView:
+        body = SettingsPut(exploration_interval=exploration_interval, hysteresis=hysteresis)
+        return self._apply(lambda state: state.with_settings(body, if_match=if_match))
