@@ -150,8 +150,19 @@ def test_follows_an_acceptance_switch() -> None:
     assert estimate is not None and abs(estimate - 0.3) < 0.03
 
 
-def test_no_push_before_enough_new_drafts() -> None:
+def test_first_sight_repairs_the_table_from_the_prior_at_once() -> None:
     rig = Rig(settings_with(ESTIMATOR__REBUILD_EVERY_DRAFTS="100000000"))
+    reports = rig.cycles(2)  # the first cycle only takes the counters' baseline
+    assert rig.engines["r1"].state.ranges == rig.oracle(PRIOR)
+    assert reports[1].decisions["r1"].push  # type: ignore[attr-defined]
+
+
+def test_no_push_before_enough_new_drafts() -> None:
+    rig = Rig(
+        settings_with(
+            ESTIMATOR__REBUILD_EVERY_DRAFTS="100000000", DECISION__FIRST_SIGHT_FROM_PRIOR="false"
+        )
+    )
     rig.cycles(5)
     assert rig.engines["r1"].state.ranges == tuple(tuple(r) for r in START)
     assert rig.engines["r1"].state.version == 1  # only the plugin settings were set

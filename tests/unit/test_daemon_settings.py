@@ -30,7 +30,12 @@ DEFAULTS = {
         "prior_decay": True,
         "scope": "replica",
     },
-    "decision": {"min_gain": 0.01, "stickiness": 0.005, "load_memory": 0.8},
+    "decision": {
+        "min_gain": 0.01,
+        "stickiness": 0.005,
+        "load_memory": 0.8,
+        "first_sight_from_prior": True,
+    },
     "plugin": {"exploration_interval": 50, "hysteresis": 2},
     "admin": {
         "token": None,

@@ -413,7 +413,11 @@ class Controller:
                 return
         if rt.pending is not None and self._guard(rt, view, client, now, report):
             return
-        decide_now = rebuilt or (unit.rebuilds > 0 and (restart or rt.needs_decision))
+        # Before the first rebuild the estimate is the profile's prior: deciding from it at
+        # first sight repairs a bad starting table at once (where it runs k=0 the live counts
+        # come from exploration alone and the first rebuild can take minutes).
+        estimate_ready = unit.rebuilds > 0 or self.settings.decision.first_sight_from_prior
+        decide_now = rebuilt or (estimate_ready and (restart or rt.needs_decision))
         if not decide_now:
             return
         if now < rt.hold_until:

@@ -122,6 +122,13 @@ class DecisionSettings(_Group):
         lt=1,
         description="weight kept by the load distribution each cycle (0: last cycle only)",
     )
+    first_sight_from_prior: bool = Field(
+        default=True,
+        description=(
+            "decide on first sight (and after a restart) from the profile's acceptance, "
+            "without waiting for the first rebuild: a table running k=0 drafts almost nothing"
+        ),
+    )
 
 
 class PluginSettings(_Group):
