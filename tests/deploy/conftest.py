@@ -19,9 +19,17 @@ DEPLOY = REPO / "deploy"
 SYSTEMD = REPO / "systemd"
 
 
+# kubectl (kustomize) comes with this machine image, from neither Debian nor PyPI, so .ci/run cannot
+# install it: where it is missing its checks skip even in CI, and the tool-free kustomization
+# check in test_kubernetes.py still runs.
+NOT_INSTALLABLE = frozenset({"kubectl"})
+
+
 def _tool_path(name: str) -> str:
     path = shutil.which(name)
     if path is None:
+        if name in NOT_INSTALLABLE:
+            pytest.skip(f"{name} is not installed and cannot be installed by .ci/run")
         message = f"{name} is not installed (CI installs it in .ci/run)"
         if os.environ.get("TABLETUNE_REQUIRE_SERVERS") == "1":
             pytest.fail(message)
