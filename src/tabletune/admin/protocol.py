@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 API_PREFIX = "/tabletune/v1"
 TABLE_PATH = f"{API_PREFIX}/table"
@@ -55,3 +55,12 @@ class SettingsPut(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: str
+
+
+def describe_problems(error: ValidationError) -> str:
+    """Every problem of a refused body (a typo'd field shows as both 'missing' and 'extra'),
+    '; '-joined, as the admin API reports them."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in problem['loc']) or 'body'}: {problem['msg']}"
+        for problem in error.errors()
+    )

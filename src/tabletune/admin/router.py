@@ -22,6 +22,7 @@ from tabletune.admin.protocol import (
     SettingsPut,
     TablePut,
     TableView,
+    describe_problems,
 )
 from tabletune.admin.state import AdminError, parse_if_match
 
@@ -47,14 +48,6 @@ def _view_response(view: TableView) -> JSONResponse:
     return JSONResponse(content=view.model_dump(), headers={"ETag": f'"{view.version}"'})
 
 
-def _describe(error: ValidationError) -> str:
-    """Every problem (a typo'd field shows as both 'missing' and 'extra'), '; '-joined."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in problem['loc']) or 'body'}: {problem['msg']}"
-        for problem in error.errors()
-    )
-
-
 async def _parse_body(request: Request, model: type[BaseModel]) -> Any:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -71,7 +64,7 @@ async def _parse_body(request: Request, model: type[BaseModel]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        raise AdminError(422, _describe(error)) from None
+        raise AdminError(422, describe_problems(error)) from None
 
 
 def check_token(request: Request, token: str | None) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tabletune import __version__
-from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.admin.protocol import SettingsPut, TablePut, TableView, describe_problems
 from tabletune.admin.state import AdminError, TableState
 from tabletune.plugin.policy import StepPolicy
 from tabletune.plugin.wire import error_envelope, ok_envelope
@@ -21,13 +21,6 @@ from tabletune.plugin.wire import error_envelope, ok_envelope
 # What goes into Scheduler.dynamic_sd_lookup: a plain list, or a policy read once per step.
 Lookup = list[int] | StepPolicy
 Install = Callable[[Lookup], None]
-
-
-def _describe(error: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in problem['loc']) or 'body'}: {problem['msg']}"
-        for problem in error.errors()
-    )
 
 
 class EngineTableController:
@@ -95,7 +88,7 @@ class EngineTableController:
         try:
             return model.model_validate(body)
         except ValidationError as error:
-            raise AdminError(422, _describe(error)) from None
+            raise AdminError(422, describe_problems(error)) from None
 
     def _swap(self, state: TableState) -> None:
         self._state = state
