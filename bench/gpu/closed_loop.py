@@ -6,6 +6,11 @@ windows of WINDOW seconds each print one JSON line: generation tokens per second
 that ran (draft tokens per draft) and the acceptance seen, plus the table in force at the end.
 One client configuration for every arm (no connection limit), so arms differ only in the table.
 
+With STAGGER=1 each client's first request carries a random-length prompt (32..OUTPUT_TOKENS random
+token ids) and generates the rest up to OUTPUT_TOKENS + 32: contexts are spread over the whole
+range from the start, so the load is steady (without it, all B requests start and end together,
+and step time follows their common context length, which grows through each request).
+
     python3 closed_loop.py URL MODEL B WARMUP_S WINDOW_S COUNT OUTPUT_TOKENS LABEL_JSON
 """
 
@@ -13,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import random
 import sys
 import time
 
@@ -46,11 +53,22 @@ async def metrics(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
         return scrape(await response.text())
 
 
-async def client(session: aiohttp.ClientSession, url: str, body: dict[str, object]) -> None:
+def staggered_first(body: dict[str, object], output_tokens: int, seed: int) -> dict[str, object]:
+    """The first request of one client: a random share of the context is already prompt."""
+    rng = random.Random(seed)
+    prompt_len = rng.randint(len(PROMPT), output_tokens)
+    prompt = [rng.randrange(1000, 30000) for _ in range(prompt_len)]
+    return {**body, "prompt": prompt, "max_tokens": output_tokens + len(PROMPT) - prompt_len + 1}
+
+
+async def client(session: aiohttp.ClientSession, url: str, bodies: list[dict[str, object]]) -> None:
+    """Send ``bodies[0]`` first, then ``bodies[-1]`` again and again."""
+    index = 0
     while True:
         try:
-            async with session.post(f"{url}/v1/completions", json=body) as response:
+            async with session.post(f"{url}/v1/completions", json=bodies[index]) as response:
                 await response.read()
+            index = len(bodies) - 1
         except aiohttp.ClientError:
             await asyncio.sleep(0.1)
 
@@ -108,7 +126,17 @@ async def run(
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         started = time.monotonic()
-        tasks = [asyncio.create_task(client(session, url, body)) for _ in range(batch)]
+        stagger = os.environ.get("STAGGER") == "1"
+        tasks = [
+            asyncio.create_task(
+                client(
+                    session,
+                    url,
+                    [staggered_first(body, output_tokens, seed), body] if stagger else [body],
+                )
+            )
+            for seed in range(batch)
+        ]
         await asyncio.sleep(warmup)
         for _ in range(count):
             window_line = await one_window(session, url, window, started)

@@ -20,13 +20,14 @@
 #   conditional rates, read every step outside the CUDA graphs, so the next step uses them.
 # - Throughput: vLLM's own `vllm:generation_tokens_total` over a steady window (after a warm-up),
 #   with the effective batch from `vllm:num_requests_running` and k from drafts per step
-#   (bench/gpu/closed_loop.py). Arms are rotated per load.
+#   (bench/gpu/closed_loop.py). Arms are rotated per load. STAGGER=1 spreads the clients'
+#   contexts from the start (steady load for the long repair/switch runs; see closed_loop.py).
 # - Repair: `tabletune daemon` in direct-scrape mode against this server, with the operator
 #   guide's settings (15 s cycle, exploration every 50 steps, hysteresis 2, prior decay), from the
 #   quarter table; 5 s windows from the moment load and daemon start. Because this launch captured
 #   every k, the daemon may use k=2 here (the emulator's "docs/4 + k=2" case).
 # - Switch: the daemon runs with the measured table under realistic rates; SWITCH_BEFORE_S in,
-#   the hook switches to very low rates. Then, for the gap, the measured tables for both sets are
+#   the hook switches to the SWITCH_TO rates (very_low by default). Then, for the gap, the measured tables for both sets are
 #   measured statically under the very low rates at that load.
 #
 # Time: ~100 s start-up, ~11 s per static measurement; defaults ~17 min in all. Order: realistic
@@ -58,7 +59,12 @@ mkdir -p "$RESULTS_DIR"
 OUT="$RESULTS_DIR/eval_h200_${STAMP}.jsonl"
 VLLM_LOG="$RESULTS_DIR/eval_h200_${STAMP}_vllm.log"
 DAEMON_LOG="$RESULTS_DIR/eval_h200_${STAMP}_daemon.log"
-declare -A RATES=([realistic]="0.75,0.55,0.40" [low]="0.50,0.25,0.12" [very_low]="0.30,0.10,0.03")
+declare -A RATES=([realistic]="0.75,0.55,0.40" [low]="0.50,0.25,0.12" [very_low]="0.30,0.10,0.03"
+  [collapsed]="0.15,0.03,0.01")
+SWITCH_TO=${SWITCH_TO:-very_low}
+# Static references measured after each repair run at its load (the measured table always).
+REPAIR_REFS=${REPAIR_REFS:-""}  # e.g. "k3|[[1,256,3]]"
+REF_WARMUP_S=${REF_WARMUP_S:-$WARMUP_S}
 DOCS='[[1,64,3],[65,128,1],[129,256,0]]'  # vLLM's documented EAGLE table, cut at max_num_seqs
 QUARTER='[[1,16,3],[17,32,1],[33,128,0]]'
 
@@ -81,16 +87,18 @@ EOF
     --json > "$WORK/measured-$set.json"
 done
 python3 - "$OUT" "$PROFILE" "$WORK" <<'EOF'
-import json, subprocess, sys
+import json, os, subprocess, sys
 import vllm
 out, profile, work = sys.argv[1:]
 gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                      capture_output=True, text=True).stdout.strip().splitlines()[0]
-rates = {"realistic": [0.75, 0.55, 0.40], "low": [0.50, 0.25, 0.12], "very_low": [0.30, 0.10, 0.03]}
+rates = {"realistic": [0.75, 0.55, 0.40], "low": [0.50, 0.25, 0.12], "very_low": [0.30, 0.10, 0.03],
+         "collapsed": [0.15, 0.03, 0.01]}
 measured = {s: json.load(open(f"{work}/measured-{s}.json")) for s in rates}
 with open(out, "a") as f:
     f.write(json.dumps({"part": "meta", "gpu": gpu, "engine": "vllm", "engine_version": vllm.__version__,
-                        "profile": profile, "rates": rates, "measured_tables": measured}) + "\n")
+                        "profile": profile, "rates": rates, "measured_tables": measured,
+                        "env": {k: os.environ.get(k) for k in ("PARTS", "STAGGER", "OUTPUT_TOKENS", "SWITCH_TO")}}) + "\n")
 EOF
 
 # The one launch: every k in the starting table, synthetic sampler (realistic rates to start).
@@ -189,6 +197,12 @@ for part in $PARTS; do
         start_daemon  # the repair clock starts with load and daemon: no warm-up, 5 s windows
         measure "{\"part\":\"repair\",\"start_table\":$QUARTER}" "$b" 0 5 $((REPAIR_S / 5))
         stop_daemon
+        static_settings
+        for ref in "measured|$(cat "$WORK/measured-realistic.json")" $REPAIR_REFS; do
+          put_table "${ref#*|}"
+          measure "{\"part\":\"repair-reference\",\"set\":\"realistic\",\"arm\":\"${ref%%|*}\",\"table\":${ref#*|}}" \
+            "$b" "$REF_WARMUP_S" "$WINDOW_S" 2
+        done
       done
       ;;
     switch)
@@ -196,19 +210,19 @@ for part in $PARTS; do
       put_table "$(cat "$WORK/measured-realistic.json")"
       drain
       start_daemon
-      measure "{\"part\":\"switch\",\"switch_at_s\":$SWITCH_BEFORE_S,\"from\":\"realistic\",\"to\":\"very_low\"}" \
+      measure "{\"part\":\"switch\",\"switch_at_s\":$SWITCH_BEFORE_S,\"from\":\"realistic\",\"to\":\"$SWITCH_TO\"}" \
         "$SWITCH_LOAD" 0 5 $(((SWITCH_BEFORE_S + SWITCH_AFTER_S) / 5)) &
       load_pid=$!
       sleep "$SWITCH_BEFORE_S"
-      set_rates "${RATES[very_low]}"
-      echo "switched to very low rates at $(date -u +%T)"
+      set_rates "${RATES[$SWITCH_TO]}"
+      echo "switched to $SWITCH_TO rates at $(date -u +%T)"
       wait "$load_pid"
       stop_daemon
       static_settings  # the references: each measured table, exactly, under the new rates
-      for set in realistic very_low; do
+      for set in realistic "$SWITCH_TO"; do
         put_table "$(cat "$WORK/measured-$set.json")"
-        measure "{\"part\":\"switch-reference\",\"set\":\"very_low\",\"table_for\":\"$set\"}" \
-          "$SWITCH_LOAD" "$WARMUP_S" "$WINDOW_S" 2
+        measure "{\"part\":\"switch-reference\",\"set\":\"$SWITCH_TO\",\"table_for\":\"$set\"}" \
+          "$SWITCH_LOAD" "$REF_WARMUP_S" "$WINDOW_S" 2
       done
       ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
