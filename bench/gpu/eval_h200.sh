@@ -7,6 +7,10 @@
 # (shared/gpu/README.md), with the tabletune wheel in $WHEELS and the daemon's pure-Python deps
 # the host lacks (structlog, tenacity, apscheduler, tzlocal) as wheels in $WHEELS/wheels:
 #     bench/gpu/eval_h200.sh PROFILE_JSON        # a measured H200 profile (profiles/...)
+# Preparing $WHEELS here (this machine reaches PyPI, the GPU host does not):
+#     .venv/bin/pip wheel --no-deps -w .gpu-bundle/p3/ .
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --platform manylinux2014_x86_64 -d .gpu-bundle/p3/wheels structlog tenacity "apscheduler<4" tzlocal
 # Results: one JSON line per measurement window in $RESULTS_DIR/eval_h200_<stamp>.jsonl, the vLLM
 # and daemon logs beside it. `bench/gpu/eval_h200_report.py` turns the lines into
 # bench/results/eval_h200.json and PNGs.
