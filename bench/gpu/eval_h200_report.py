@@ -243,6 +243,11 @@ def report(runs: list[tuple[str, Row, list[Row]]]) -> Row:
             "repair": repair_results(windows, run_meta["measured_tables"].get("realistic")),
             "switch": switch_results(windows),
         }
+    out["worst_load_loss"] = {
+        f"{run_id}/{s}": body["worst_load_loss"]
+        for run_id, run in out["runs"].items()
+        for s, body in run["static"].items()
+    }
     out["goals"] = goals(out["runs"])
     return out
 

@@ -131,5 +131,7 @@ def test_main_writes_the_result_and_plots(report: ModuleType, tmp_path: Path) ->
     assert report.main([str(runs), "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["engine_version"] == "0.26.0"
+    worst = result["worst_load_loss"]["20261130T000000Z/realistic"]
+    assert worst["k0"] == {"load": 8, "loss": pytest.approx(1 - 100 / 103, abs=1e-5)}
     assert result["goals"]["switch_98pct_of_gap_in_30s"]["pass"] is True
     assert (tmp_path / "eval_h200_loss.png").exists()
