@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tabletune.schemas import Table
+
 FIXED = ("k0", "k1", "k2", "k3")
 ARMS = (*FIXED, "docs", "measured")
 LOSS_GOAL = 0.015
@@ -44,11 +46,8 @@ def load_runs(paths: list[Path]) -> list[tuple[str, Row, list[Row]]]:
 
 
 def k_at(table: list[list[int]], batch: int) -> int:
-    """The k a table gives at a batch size (past the last range: its k, as vLLM does)."""
-    for start, end, k in table:
-        if start <= batch <= end:
-            return k
-    return table[-1][2]
+    """The k a table (vLLM's JSON form, as the plugin reports it) gives at a batch size."""
+    return Table.parse(table).k_at(batch)
 
 
 def static_results(windows: list[Row]) -> dict[str, dict[int, dict[str, Row]]]:
