@@ -92,13 +92,14 @@ EOF
 done
 python3 - "$OUT" "$PROFILE" "$WORK" <<'EOF'
 import json, os, subprocess, sys
+from pathlib import Path
 import vllm
 out, profile, work = sys.argv[1:]
 gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                      capture_output=True, text=True).stdout.strip().splitlines()[0]
-rates = {"realistic": [0.75, 0.55, 0.40], "low": [0.50, 0.25, 0.12], "very_low": [0.30, 0.10, 0.03],
-         "collapsed": [0.15, 0.03, 0.01]}
-measured = {s: json.load(open(f"{work}/measured-{s}.json")) for s in rates}
+sets = sorted(p.stem.removeprefix("acceptance-") for p in Path(work).glob("acceptance-*.json"))
+rates = {s: json.loads(Path(f"{work}/acceptance-{s}.json").read_text())["rates"] for s in sets}
+measured = {s: json.loads(Path(f"{work}/measured-{s}.json").read_text()) for s in sets}
 with open(out, "a") as f:
     f.write(json.dumps({"part": "meta", "gpu": gpu, "engine": "vllm", "engine_version": vllm.__version__,
                         "profile": profile, "rates": rates, "measured_tables": measured,
