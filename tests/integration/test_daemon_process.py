@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,21 +17,10 @@ import pytest
 
 from tabletune.daemon.demo import emulator
 from tabletune.daemon.state import StateStore
-from tests.support.servers import free_port
+from tests.support.servers import free_port, poll_until
 
 pytestmark = pytest.mark.integration
 PROFILE = Path(__file__).resolve().parents[2] / "examples" / "sample-profile.json"
-
-
-def wait_for(predicate, *, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} after {timeout_s} s")
-        time.sleep(0.1)
 
 
 def test_systemd_style_run_and_clean_sigterm(tmp_path: Path) -> None:
@@ -70,8 +58,8 @@ def test_systemd_style_run_and_clean_sigterm(tmp_path: Path) -> None:
                         messages.append(listener.recv(64))
                     return message in messages
 
-                wait_for(lambda: heard(b"READY=1"), timeout_s=20, what="READY=1")
-                wait_for(lambda: heard(b"WATCHDOG=1"), timeout_s=10, what="WATCHDOG=1")
+                poll_until(lambda: heard(b"READY=1"), timeout_s=20, what="READY=1")
+                poll_until(lambda: heard(b"WATCHDOG=1"), timeout_s=10, what="WATCHDOG=1")
                 base = f"http://127.0.0.1:{port}"
                 assert httpx.get(f"{base}/healthz").status_code == 200
 
@@ -79,13 +67,13 @@ def test_systemd_style_run_and_clean_sigterm(tmp_path: Path) -> None:
                     truth = httpx.get(f"{sim}/sim/v1/truth", params={"last": 0}).json()
                     return bool(truth["table"] == truth["oracle_table"])
 
-                wait_for(converged, timeout_s=20, what="the oracle table pushed")
+                poll_until(converged, timeout_s=20, what="the oracle table pushed")
                 metrics = httpx.get(f"{base}/metrics").text
                 assert 'tabletune_daemon_pushes_total{outcome="ok"' in metrics
                 assert "tabletune_daemon_cycles_total" in metrics
                 daemon.send_signal(signal.SIGTERM)
                 assert daemon.wait(timeout=15) == 0
-                wait_for(lambda: heard(b"STOPPING=1"), timeout_s=5, what="STOPPING=1")
+                poll_until(lambda: heard(b"STOPPING=1"), timeout_s=5, what="STOPPING=1")
             finally:
                 if daemon.poll() is None:
                     daemon.kill()

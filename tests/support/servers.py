@@ -67,6 +67,19 @@ def _log_tail(log_path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def poll_until(predicate: Any, *, timeout_s: float, what: str) -> Any:
+    """Poll ``predicate()`` every 0.1 s until it returns something truthy; that value is
+    returned. TimeoutError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} after {timeout_s} s")
+        time.sleep(0.1)
+
+
 def wait_until_ready(
     url: str,
     process: subprocess.Popen[bytes],
@@ -195,14 +208,7 @@ class PrometheusServer:
 
     def wait_for(self, predicate: Any, *, timeout_s: float = 20.0, what: str = "condition") -> Any:
         """Poll ``predicate()`` until it returns something truthy; that value is returned."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"Prometheus at {self.url}: no {what} after {timeout_s} s")
-            time.sleep(0.1)
+        return poll_until(predicate, timeout_s=timeout_s, what=f"{what} (Prometheus at {self.url})")
 
     def wait_for_targets_up(self, *, count: int | None = None, timeout_s: float = 20.0) -> None:
         """Wait until every target (at least ``count``) has been scraped successfully."""
