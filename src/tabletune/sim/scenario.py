@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tabletune.errors import InputError
 from tabletune.schemas.io import describe_validation_error
@@ -44,7 +52,7 @@ def check_rates(rates: Sequence[float]) -> tuple[float, ...]:
     return values
 
 
-Rates = Annotated[tuple[float, ...], Field(min_length=1)]
+Rates = Annotated[tuple[float, ...], Field(min_length=1), AfterValidator(check_rates)]
 
 
 class EngineSpec(_Model):
@@ -165,22 +173,12 @@ class ConstantAcceptance(_Model):
     kind: Literal["constant"]
     rates: Rates
 
-    @field_validator("rates")
-    @classmethod
-    def _check(cls, rates: tuple[float, ...]) -> tuple[float, ...]:
-        return check_rates(rates)
-
 
 class SwitchAcceptance(_Model):
     kind: Literal["switch"]
     before: Rates
     after: Rates
     at_s: float = Field(ge=0)
-
-    @field_validator("before", "after")
-    @classmethod
-    def _check(cls, rates: tuple[float, ...]) -> tuple[float, ...]:
-        return check_rates(rates)
 
 
 class DriftAcceptance(_Model):
@@ -190,11 +188,6 @@ class DriftAcceptance(_Model):
     start_s: float = Field(ge=0)
     end_s: float = Field(gt=0)
     resolution_s: float = Field(default=1.0, gt=0, description="rates are re-read this often")
-
-    @field_validator("start_rates", "end_rates")
-    @classmethod
-    def _check(cls, rates: tuple[float, ...]) -> tuple[float, ...]:
-        return check_rates(rates)
 
     @model_validator(mode="after")
     def _order(self) -> DriftAcceptance:
