@@ -38,8 +38,13 @@ def load_runs(paths: list[Path]) -> list[tuple[str, Row, list[Row]]]:
     """(run id, meta line, window lines) per file."""
     runs = []
     for path in paths:
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        meta = next(line for line in lines if line.get("part") == "meta")
+        try:
+            lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, json.JSONDecodeError) as error:
+            raise SystemExit(f"{path}: not a readable eval_h200 JSON-lines file: {error}") from None
+        meta = next((line for line in lines if line.get("part") == "meta"), None)
+        if meta is None:
+            raise SystemExit(f"{path}: no meta line: not written by bench/gpu/eval_h200.sh")
         windows = [line for line in lines if "label" in line]
         runs.append((path.stem.removeprefix("eval_h200_"), meta, windows))
     return runs

@@ -135,3 +135,17 @@ def test_main_writes_the_result_and_plots(report: ModuleType, tmp_path: Path) ->
     assert worst["k0"] == {"load": 8, "loss": pytest.approx(1 - 100 / 103, abs=1e-5)}
     assert result["goals"]["switch_98pct_of_gap_in_30s"]["pass"] is True
     assert (tmp_path / "eval_h200_loss.png").exists()
+
+
+def test_a_file_without_the_script_s_meta_line_is_refused_by_name(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    bad = tmp_path / "eval_h200_x.jsonl"
+    bad.write_text(json.dumps(static("k0", 8, 1.0, 0)) + "\n")
+    out = tmp_path / "eval_h200.json"
+    with pytest.raises(SystemExit, match="no meta line"):
+        report.main([str(bad), "--out", str(out)])
+    bad.write_text("{not json\n")
+    with pytest.raises(SystemExit, match="not a readable"):
+        report.main([str(bad), "--out", str(out)])
+    assert not out.exists()
