@@ -23,6 +23,15 @@ TT_STEP_DURATION = "tabletune_step_duration_seconds"  # histogram, labels k, bat
 TT_TABLE_VERSION = "tabletune_table_version"  # gauge
 TT_TABLE_RANGE_K = "tabletune_table_range_k"  # gauge, labels range_start, range_end
 TT_EXPLORATION_STEPS = "tabletune_exploration_steps"  # counter
+# Per-step timing cells (tabletune.step_cells), counted in the engine core and exported by the
+# HTTP side; labels k (verified draft length) and batch (cell label "1".."16", "17-24", ...).
+TT_STEPS = "tabletune_steps"  # counter: steps that decoded
+TT_STEP_SECONDS = "tabletune_step_seconds"  # counter: sum of their durations
+TT_STEP_SECONDS_SQUARED = "tabletune_step_seconds_squared"  # counter: sum of squared durations
+TT_STEP_TOKENS = "tabletune_step_scheduled_tokens"  # counter: sum of scheduled tokens
+TT_STEP_REQUESTS = "tabletune_step_scheduled_requests"  # counter: sum of batch sizes
+TT_STEPS_WITHOUT_DECODE = "tabletune_steps_without_decode"  # counter: prefill-only steps
+LABEL_BATCH = "batch"
 LABEL_K = "k"
 LABEL_BATCH_BUCKET = "batch_bucket"
 LABEL_RANGE_START = "range_start"

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tabletune.step_cells import StepCells
+
 # (k, batch_bucket label) -> (sum of step seconds, number of steps)
 StepTimeDeltas = Mapping[tuple[int, str], tuple[float, float]]
 # inclusive (low, high) batch sizes -> number of steps in that bucket
@@ -28,6 +30,8 @@ class Observation:
     mean_batch: float | None = None  # mean decode batch (histogram) or running requests
     generated_tokens: float = 0.0
     step_times: StepTimeDeltas = field(default_factory=dict)
+    step_cells: StepCells = field(default_factory=dict)  # (k, low, high) -> increases
+    steps_without_decode: float = 0.0
     reset: bool = False  # a counter went back: the engine restarted
     model_name: str | None = None
 
