@@ -1,0 +1,202 @@
+"""Live step time T_hat(B, k): the profile as a prior, corrected by the step cells the plugin
+counts in the engine (steps that decode, prefill riding along). Pure: no I/O, no clock.
+
+Per cell (k, batch range) the live sums fade with a half-life, so recent traffic dominates.
+The estimate is a ratio to the profile, blended the way a_hat is (the prior weighs ``w`` steps):
+
+    r_live = mean live step time / T_profile(mean live B, k)
+    m(c)   = (w * 1 + sum_k n_k r_live_k) / (w + sum_k n_k)     (every k at this batch cell)
+    r_hat  = (w * m(c) + n r_live) / (w + n)
+    T_hat(B, k) = T_profile(B, k) * r_hat(k, cell of B)
+
+A k with little live data leans on ``m(c)``, what the other k at the same batch sizes show,
+rather than on the bare profile: a cost common to every k (long contexts) then does not make
+the unobserved k look cheap, while an effect of one k (a graph miss) shows once that k is
+observed (the plugin's neighbour exploration sees to it). The uncertainty of r_hat combines the
+prior's (weight w, spread ``prior_sigma``) and the live mean's (per-step variance, steps
+counted as ``1/correlation`` independent samples, since neighbouring steps are alike).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tabletune.solver import StepTimes
+from tabletune.step_cells import CellTotals, StepCells, cells_up_to
+
+FIELDS = 5  # steps, seconds, seconds_sq, tokens, requests (CellTotals order)
+
+
+@dataclass(frozen=True)
+class StepTimeParams:
+    """How live data and the profile are blended (the daemon's ``step_time`` settings)."""
+
+    prior_steps: float = 100.0
+    half_life_s: float = 60.0
+    prior_sigma: float = 0.05
+    correlation: float = 4.0
+    min_sigma: float = 0.002
+
+
+@dataclass(frozen=True)
+class CellEstimate:
+    k: int
+    cell: tuple[int, int]
+    steps: float  # live steps (after fading)
+    live_ratio: float  # live mean / profile at the live mean batch size (nan without data)
+    ratio: float  # r_hat
+    sigma: float  # standard error of r_hat
+    mean_tokens: float  # scheduled tokens per step (nan without data)
+
+
+@dataclass(frozen=True)
+class StepTimeEstimate:
+    """T_hat on the dense grid 1..max_batch with its relative uncertainty, and the cells."""
+
+    step_times: StepTimes  # grid 1..max_batch, the profile's ks
+    relative_sigma: np.ndarray  # sigma(T_hat)/T_hat, rows follow ks, columns B-1
+    cells: tuple[CellEstimate, ...]
+
+    def observed(self, min_steps: float) -> tuple[CellEstimate, ...]:
+        return tuple(c for c in self.cells if c.steps >= min_steps)
+
+
+class StepTimeLayout:
+    """The cells and profile a replica's estimate lives on (shared by a pool's replicas)."""
+
+    def __init__(self, profile: StepTimes, max_batch: int) -> None:
+        if not 1 <= max_batch <= profile.max_batch:
+            raise ValueError(f"max_batch {max_batch} outside 1..{profile.max_batch}")
+        self.profile = profile
+        self.max_batch = max_batch
+        self.ks = profile.ks
+        self.cells = cells_up_to(max_batch)
+        self._k_row = {k: i for i, k in enumerate(self.ks)}
+        self._cell_col = {cell: j for j, cell in enumerate(self.cells)}
+        # column of each batch size's cell, for B = 1..max_batch
+        self.cell_of_batch = np.array(
+            [j for j, (low, high) in enumerate(self.cells) for _ in range(low, high + 1)][
+                :max_batch
+            ]
+        )
+        self.prior_ms = profile.dense(max_batch)  # rows ks, columns B-1
+        self._grid = np.asarray(profile.grid, dtype=float)
+
+    def index(self, k: int, low: int, high: int) -> tuple[int, int] | None:
+        row = self._k_row.get(k)
+        col = self._cell_col.get((low, high))
+        return None if row is None or col is None else (row, col)
+
+    def prior_at(self, batch: np.ndarray) -> np.ndarray:
+        """Profile T in seconds at (possibly fractional) batch sizes, rows follow ks."""
+        rows = [np.interp(batch[i], self._grid, self.profile.ms[i]) for i in range(len(self.ks))]
+        return np.vstack(rows) / 1000.0
+
+
+class StepTimeEstimator:
+    """The fading live sums of one replica."""
+
+    def __init__(self, layout: StepTimeLayout) -> None:
+        self.layout = layout
+        self.sums = np.zeros((len(layout.ks), len(layout.cells), FIELDS))
+        self.updated_at: float | None = None
+
+    def add(self, cells: StepCells, now: float, *, half_life_s: float) -> int:
+        """Fade the sums to ``now``, then add one interval's increases. Returns how many
+        cells were outside the layout (an unprofiled k, or a batch beyond the profile)."""
+        if self.updated_at is not None and now > self.updated_at:
+            self.sums *= 0.5 ** ((now - self.updated_at) / half_life_s)
+        self.updated_at = now if self.updated_at is None else max(now, self.updated_at)
+        outside = 0
+        for (k, low, high), totals in cells.items():
+            where = self.layout.index(k, low, high)
+            if where is None:
+                outside += 1
+                continue
+            self.sums[where] += _as_row(totals)
+        return outside
+
+    def clear(self) -> None:
+        """Forget live data (the engine restarted, possibly with other settings)."""
+        self.sums[:] = 0.0
+
+    def estimate(
+        self, params: StepTimeParams, *, prior_sigma: np.ndarray | None = None
+    ) -> StepTimeEstimate:
+        """T_hat and its uncertainty. ``prior_sigma`` (rows ks, columns B-1): the profile's own
+        relative uncertainty; the larger of it and ``params.prior_sigma`` is used."""
+        layout = self.layout
+        steps = self.sums[..., 0]
+        seen = steps > 0
+        safe = np.where(seen, steps, 1.0)
+        mean_s = self.sums[..., 1] / safe
+        mean_batch = np.where(seen, self.sums[..., 4] / safe, 1.0)
+        prior_s = layout.prior_at(mean_batch)
+        live = np.where(seen, mean_s / prior_s, np.nan)
+        variance = np.where(
+            steps >= 2, np.maximum(self.sums[..., 2] / safe - mean_s**2, 0.0) / prior_s**2, 0.0
+        )
+        # Per-step variance where a cell has too few steps of its own: the replica's pooled one.
+        rich = steps >= 30
+        pooled = float(np.average(variance[rich], weights=steps[rich])) if rich.any() else 0.0025
+        variance = np.where(rich, variance, pooled)
+
+        w = params.prior_steps
+        weighted = np.where(seen, steps * np.nan_to_num(live), 0.0)
+        common = (w + weighted.sum(axis=0)) / (w + steps.sum(axis=0))  # per batch cell
+        ratio = (w * common[None, :] + weighted) / (w + steps)
+
+        cell_sigma = self._cell_prior_sigma(params, prior_sigma)
+        noise = variance * params.correlation * steps
+        sigma = np.sqrt((w * cell_sigma) ** 2 + noise) / (w + steps)
+        sigma = np.maximum(sigma, params.min_sigma * ratio)
+
+        columns = layout.cell_of_batch
+        dense_ms = layout.prior_ms * ratio[:, columns]
+        relative = sigma[:, columns] / ratio[:, columns]
+        grid = tuple(range(1, layout.max_batch + 1))
+        estimate = StepTimes(grid=grid, ks=layout.ks, ms=dense_ms)
+        tokens = np.where(seen, self.sums[..., 3] / safe, np.nan)
+        cells = tuple(
+            CellEstimate(
+                k=k,
+                cell=cell,
+                steps=float(steps[i, j]),
+                live_ratio=float(live[i, j]),
+                ratio=float(ratio[i, j]),
+                sigma=float(sigma[i, j]),
+                mean_tokens=float(tokens[i, j]),
+            )
+            for i, k in enumerate(layout.ks)
+            for j, cell in enumerate(layout.cells)
+        )
+        return StepTimeEstimate(step_times=estimate, relative_sigma=relative, cells=cells)
+
+    def _cell_prior_sigma(
+        self, params: StepTimeParams, prior_sigma: np.ndarray | None
+    ) -> np.ndarray:
+        layout = self.layout
+        shape = (len(layout.ks), len(layout.cells))
+        if prior_sigma is None:
+            return np.full(shape, params.prior_sigma)
+        if prior_sigma.shape != (len(layout.ks), layout.max_batch):
+            raise ValueError(f"prior_sigma shape {prior_sigma.shape} != {layout.prior_ms.shape}")
+        per_cell = np.zeros(shape)
+        for j, (low, high) in enumerate(layout.cells):
+            per_cell[:, j] = prior_sigma[:, low - 1 : min(high, layout.max_batch)].mean(axis=1)
+        return np.maximum(per_cell, params.prior_sigma)
+
+
+def _as_row(totals: CellTotals) -> np.ndarray:
+    return np.array(
+        [totals.steps, totals.seconds, totals.seconds_sq, totals.tokens, totals.requests]
+    )
+
+
+def live_ratios(estimate: StepTimeEstimate, *, min_steps: float) -> Sequence[CellEstimate]:
+    """Cells with enough live steps, most off the profile first (for drift checks)."""
+    observed = estimate.observed(min_steps)
+    return sorted(observed, key=lambda c: abs(c.live_ratio - 1.0), reverse=True)

@@ -1,0 +1,158 @@
+"""The live step-time estimate: prior blending, borrowing across k, fading, uncertainty."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tabletune.daemon.step_time import (
+    StepTimeEstimator,
+    StepTimeLayout,
+    StepTimeParams,
+    live_ratios,
+)
+from tabletune.solver import StepTimes
+from tabletune.step_cells import CellTotals, StepCellCounter
+
+GRID = (1, 8, 16, 24, 32, 64, 128, 136, 256)
+KS = (0, 1, 2, 3)
+
+
+def _profile() -> StepTimes:
+    base = np.array([4.5, 5.0, 5.5, 6.0, 6.5, 8.0, 10.0, 11.0, 20.0])
+    return StepTimes(grid=GRID, ks=KS, ms=np.vstack([base * (1 + 0.05 * k) for k in KS]))
+
+
+PROFILE = _profile()
+PARAMS = StepTimeParams(prior_steps=100.0, half_life_s=60.0, correlation=1.0)
+
+
+def _steps(k: int, batches: list[int], factor: float, *, repeat: int = 1) -> dict:
+    """Cells of steps at these batch sizes running ``factor`` x the profile."""
+    counter = StepCellCounter()
+    for _ in range(repeat):
+        for b in batches:
+            counter.record(
+                batch_size=b, k=k, duration_s=factor * PROFILE.at(b, k) / 1000.0, tokens=b * 4
+            )
+    return counter.totals()
+
+
+def _estimator(max_batch: int = 256) -> StepTimeEstimator:
+    return StepTimeEstimator(StepTimeLayout(PROFILE, max_batch))
+
+
+def test_without_live_data_the_estimate_is_the_profile_with_the_prior_spread() -> None:
+    estimate = _estimator().estimate(PARAMS)
+    assert np.allclose(estimate.step_times.ms, PROFILE.dense(256))
+    assert np.allclose(estimate.relative_sigma, PARAMS.prior_sigma)
+    assert all(math.isnan(c.live_ratio) and c.steps == 0 for c in estimate.cells)
+
+
+def test_live_steps_at_the_profile_give_ratio_one_even_across_a_cell_with_a_slope() -> None:
+    # B = 129..136 straddles nothing (the grid has 128 and 136): T is linear inside the cell,
+    # so mixing batch sizes inside it must still compare exactly.
+    estimator = _estimator()
+    estimator.add(_steps(3, [129, 130, 136, 136], 1.0, repeat=50), now=0.0, half_life_s=60.0)
+    estimate = estimator.estimate(PARAMS)
+    [cell] = estimate.observed(min_steps=1)
+    assert cell.cell == (129, 136)
+    assert cell.live_ratio == pytest.approx(1.0, abs=1e-12)
+    assert np.allclose(estimate.step_times.ms, PROFILE.dense(256))
+
+
+def test_a_cost_seen_on_one_k_is_borrowed_by_the_unobserved_k_of_the_same_cell() -> None:
+    estimator = _estimator()
+    estimator.add(_steps(3, [128] * 4, 1.3, repeat=500), now=0.0, half_life_s=60.0)
+    estimate = estimator.estimate(PARAMS)
+    by_key = {(c.k, c.cell): c for c in estimate.cells}
+    observed = by_key[(3, (121, 128))]
+    unobserved = by_key[(2, (121, 128))]
+    assert observed.ratio == pytest.approx((100 * unobserved.ratio + 2000 * 1.3) / 2100)
+    assert unobserved.ratio == pytest.approx((100 + 2000 * 1.3) / 2100)
+    assert unobserved.ratio > 1.25
+    # elsewhere nothing moved
+    assert by_key[(2, (1, 1))].ratio == 1.0
+
+
+def test_k_specific_slowness_shows_once_that_k_is_observed() -> None:
+    estimator = _estimator()
+    estimator.add(_steps(3, [128], 1.48, repeat=3000), now=0.0, half_life_s=60.0)
+    estimator.add(_steps(2, [128], 1.10, repeat=1000), now=0.0, half_life_s=60.0)
+    estimate = estimator.estimate(PARAMS)
+    t3 = estimate.step_times.at(128, 3)
+    t2 = estimate.step_times.at(128, 2)
+    assert t3 / PROFILE.at(128, 3) == pytest.approx(1.48, rel=0.01)
+    assert t2 / PROFILE.at(128, 2) == pytest.approx(1.10, rel=0.05)
+
+
+def test_live_sums_fade_with_the_half_life() -> None:
+    estimator = _estimator()
+    estimator.add(_steps(1, [10], 2.0, repeat=400), now=0.0, half_life_s=60.0)
+    estimator.add({}, now=120.0, half_life_s=60.0)
+    [cell] = estimator.estimate(PARAMS).observed(min_steps=1)
+    assert cell.steps == pytest.approx(100.0)
+    assert cell.live_ratio == pytest.approx(2.0)
+
+
+def test_cells_outside_the_profile_are_counted_not_used() -> None:
+    estimator = _estimator(max_batch=64)
+    outside = estimator.add(
+        {(7, 5, 5): CellTotals(1, 0.01, 0.0001, 5, 5), (1, 65, 72): CellTotals(1, 0.01, 1, 1, 65)},
+        now=0.0,
+        half_life_s=60.0,
+    )
+    assert outside == 2
+    assert estimator.estimate(PARAMS).observed(min_steps=0.5) == ()
+
+
+def test_noisy_steps_give_a_wider_estimate_than_steady_ones() -> None:
+    steady, noisy = _estimator(), _estimator()
+    steady.add(_steps(2, [40], 1.0, repeat=2000), now=0.0, half_life_s=60.0)
+    counter = StepCellCounter()
+    for i in range(2000):
+        factor = 0.7 if i % 2 else 1.3
+        counter.record(batch_size=40, k=2, duration_s=factor * PROFILE.at(40, 2) / 1e3, tokens=1)
+    noisy.add(counter.totals(), now=0.0, half_life_s=60.0)
+    cell = (2, (33, 40))
+
+    def sigma(estimator: StepTimeEstimator) -> float:
+        [found] = [c for c in estimator.estimate(PARAMS).cells if (c.k, c.cell) == cell]
+        return found.sigma
+
+    assert sigma(noisy) > 2 * sigma(steady)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(KS),
+            st.integers(min_value=1, max_value=256),
+            st.floats(min_value=0.5, max_value=3.0),
+            st.integers(min_value=1, max_value=300),
+        ),
+        max_size=12,
+    )
+)
+def test_estimate_stays_between_the_prior_and_the_live_extremes(
+    runs: list[tuple[int, int, float, int]],
+) -> None:
+    estimator = _estimator()
+    factors = [1.0]
+    for k, b, factor, repeat in runs:
+        estimator.add(_steps(k, [b], factor, repeat=repeat), now=0.0, half_life_s=60.0)
+        factors.append(factor)
+    estimate = estimator.estimate(PARAMS)
+    ratio = estimate.step_times.ms / PROFILE.dense(256)
+    assert np.all(ratio >= min(factors) - 1e-9)
+    assert np.all(ratio <= max(factors) + 1e-9)
+    assert np.all(estimate.relative_sigma > 0)
+    ordered = live_ratios(estimate, min_steps=1)
+    assert [abs(c.live_ratio - 1) for c in ordered] == sorted(
+        (abs(c.live_ratio - 1) for c in ordered), reverse=True
+    )
