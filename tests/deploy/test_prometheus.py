@@ -84,12 +84,11 @@ def test_rules_use_the_shared_metric_names() -> None:
     text = RULES.read_text()
     for counter in (names.VLLM_ACCEPTED_PER_POS, names.TT_DRAFT_TOKENS_PER_POS):
         assert f"{counter}_total" in text
-    for histogram in (names.TT_STEP_DURATION,):
-        assert f"{histogram}_sum" in text
-        assert f"{histogram}_count" in text
+    for counter in (names.TT_STEPS, names.TT_STEP_SECONDS):
+        assert f"{counter}_total" in text
     assert names.TT_TABLE_VERSION in text
     assert names.VLLM_NUM_REQUESTS_RUNNING in text
-    for label in (names.LABEL_POSITION, names.LABEL_MODEL, names.LABEL_K, names.LABEL_BATCH_BUCKET):
+    for label in (names.LABEL_POSITION, names.LABEL_MODEL, names.LABEL_K, names.LABEL_BATCH):
         assert label in text
 
 

@@ -20,6 +20,7 @@ from tabletune.schemas import Profile
 from tabletune.schemas.acceptance import AcceptanceProfile
 from tabletune.schemas.profile import Cell, ProfileMetadata
 from tabletune.solver import StepTimes
+from tabletune.step_cells import CellKey, CellTotals, cell_key
 
 
 class FakeClock:
@@ -79,6 +80,7 @@ class ModelEngine:
     accepted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     batch_hist: dict[int, float] = field(default_factory=dict)
     step_sum: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
+    cells: dict[CellKey, CellTotals] = field(default_factory=dict)
 
     def run(self, seconds: float) -> None:
         k = self.state.k_for(self.load)
@@ -103,6 +105,11 @@ class ModelEngine:
         key = (k, batch_bucket(self.load))
         s, c = self.step_sum.get(key, (0.0, 0.0))
         self.step_sum[key] = (s + steps * step_ms / 1000.0, c + steps)
+        seconds = step_ms / 1000.0
+        cell = cell_key(k, self.load)
+        self.cells[cell] = self.cells.get(cell, CellTotals()) + CellTotals(
+            steps, steps * seconds, steps * seconds**2, requests * (1 + k), requests
+        )
 
     def restart(self, starting: Sequence[Sequence[int]]) -> None:
         self.state = TableState.initial(
@@ -115,6 +122,7 @@ class ModelEngine:
         self.accepted = [0.0] * len(self.accepted)
         self.batch_hist = {}
         self.step_sum = {}
+        self.cells = {}
 
 
 class FakeAdmin(StateAdminClient):
@@ -184,6 +192,7 @@ class ModelSource:
                 list[float],
                 dict[int, float],
                 dict[tuple[int, str], tuple[float, float]],
+                dict[CellKey, CellTotals],
             ],
         ] = {}
         self.down: str | None = None
@@ -208,12 +217,13 @@ class ModelSource:
                 list(engine.accepted),
                 dict(engine.batch_hist),
                 dict(engine.step_sum),
+                dict(engine.cells),
             )
             self.seen[name] = snap
             if before is None or interval <= 0:
                 continue
             reset = snap[0].get("tokens", 0.0) < before[0].get("tokens", 0.0)
-            base = ({}, [0.0] * 3, [0.0] * 3, {}, {}) if reset else before
+            base = ({}, [0.0] * 3, [0.0] * 3, {}, {}, {}) if reset else before
             buckets = {(b, b): n - base[3].get(b, 0.0) for b, n in snap[3].items()}
             steps = sum(buckets.values())
             mean = sum(b * n for (b, _), n in buckets.items()) / steps if steps else None
@@ -230,6 +240,11 @@ class ModelSource:
                     key: (s - base[4].get(key, (0.0, 0.0))[0], c - base[4].get(key, (0.0, 0.0))[1])
                     for key, (s, c) in snap[4].items()
                     if c - base[4].get(key, (0.0, 0.0))[1] > 0
+                },
+                step_cells={
+                    key: totals.since(base[5].get(key, CellTotals()))
+                    for key, totals in snap[5].items()
+                    if totals.steps > base[5].get(key, CellTotals()).steps
                 },
                 reset=reset,
                 model_name="m",

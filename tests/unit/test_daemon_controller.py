@@ -11,7 +11,6 @@ from tabletune.admin.state import TableState
 from tabletune.daemon import alerts as names
 from tabletune.daemon.alerts import AlertSink
 from tabletune.daemon.controller import Controller
-from tabletune.daemon.drift import profile_ms
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.settings import DaemonSettings, load_settings
@@ -95,6 +94,16 @@ class Rig:
             for alert in batch
             if alert["labels"]["alertname"] == alertname  # type: ignore[index]
         ]
+
+
+def step_time_ratios(rig: Rig) -> dict[tuple[str, str], float]:
+    """The daemon's live/profile step-time ratios of replica r1: (k, batch) -> ratio."""
+    return {
+        (s.labels["k"], s.labels["batch"]): s.value
+        for family in rig.metrics.registry.collect()
+        for s in family.samples
+        if s.name == "tabletune_daemon_step_time_ratio" and s.labels["replica"] == "r1"
+    }
 
 
 def test_pushes_the_oracle_table_after_the_first_rebuild() -> None:
@@ -288,12 +297,10 @@ def test_profile_drift_is_alerted() -> None:
     rig.engines["r1"].step_scale = 1.6
     rig.cycles(3)
     assert names.PROFILE_DRIFT in rig.alert_names()
-    ratio = rig.metrics.sample(
-        "tabletune_daemon_step_time_ratio", {"replica": "r1", "k": "1", "batch_bucket": "16-31"}
-    )
-    # The profile side is T averaged over the bucket (16..31); the live load sits at 16.
-    expected = 1.6 * rig.step_times.at(16, 1) / profile_ms(rig.step_times, 1, "16-31")
-    assert ratio == pytest.approx(expected, rel=1e-6)
+    # Each cell is compared with the profile at its own batch size: exactly the injected 1.6.
+    ratios = step_time_ratios(rig)
+    assert ratios and all(k_batch[1] == "16" for k_batch in ratios)
+    assert all(r == pytest.approx(1.6, rel=1e-9) for r in ratios.values())
 
 
 def test_pool_scope_estimates_once_for_all_replicas() -> None:
@@ -354,3 +361,25 @@ def test_a_failed_cycle_is_logged_with_its_traceback_and_the_loop_goes_on() -> N
     assert rig.metrics.sample("tabletune_daemon_cycles_total", {"outcome": "failed"}) == 1
     assert rig.metrics.sample("tabletune_daemon_cycles_total", {"outcome": "ok"}) == 3
     assert rig.engines["r1"].state.ranges == rig.oracle(PRIOR)
+
+
+def test_no_profile_drift_alarm_while_serving_matches_the_profile() -> None:
+    rig = Rig(settings_with())
+    rig.engines["r1"].load = 40  # inside an 8-wide cell (33-40): compared at its own mean B
+    rig.cycles(12)
+    assert names.PROFILE_DRIFT not in rig.alert_names()
+    ratios = step_time_ratios(rig)
+    assert ratios and all(k_batch[1] == "33-40" for k_batch in ratios)
+    assert all(r == pytest.approx(1.0, rel=1e-9) for r in ratios.values())
+
+
+def test_a_30_percent_slowdown_is_flagged_within_a_minute() -> None:
+    rig = Rig(settings_with(LOOP__INTERVAL_S="15"))
+    rig.cycles(4)
+    assert names.PROFILE_DRIFT not in rig.alert_names()
+    rig.engines["r1"].step_scale = 1.3
+    start = rig.clock.now
+    while names.PROFILE_DRIFT not in rig.alert_names():
+        rig.controller.run_cycle()
+        rig.clock.now += 15.0
+        assert rig.clock.now - start <= 60.0

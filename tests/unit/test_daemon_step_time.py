@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,7 +11,6 @@ from tabletune.daemon.step_time import (
     StepTimeEstimator,
     StepTimeLayout,
     StepTimeParams,
-    live_ratios,
 )
 from tabletune.solver import StepTimes
 from tabletune.step_cells import CellTotals, StepCellCounter
@@ -50,7 +47,8 @@ def test_without_live_data_the_estimate_is_the_profile_with_the_prior_spread() -
     estimate = _estimator().estimate(PARAMS)
     assert np.allclose(estimate.step_times.ms, PROFILE.dense(256))
     assert np.allclose(estimate.relative_sigma, PARAMS.prior_sigma)
-    assert all(math.isnan(c.live_ratio) and c.steps == 0 for c in estimate.cells)
+    assert estimate.observed(min_steps=1e-9) == ()
+    assert np.all(np.isnan(estimate.live_ratio)) and not estimate.steps.any()
 
 
 def test_live_steps_at_the_profile_give_ratio_one_even_across_a_cell_with_a_slope() -> None:
@@ -69,7 +67,11 @@ def test_a_cost_seen_on_one_k_is_borrowed_by_the_unobserved_k_of_the_same_cell()
     estimator = _estimator()
     estimator.add(_steps(3, [128] * 4, 1.3, repeat=500), now=0.0, half_life_s=60.0)
     estimate = estimator.estimate(PARAMS)
-    by_key = {(c.k, c.cell): c for c in estimate.cells}
+    by_key = {
+        (k, cell): estimate.cell(i, j)
+        for i, k in enumerate(estimate.ks)
+        for j, cell in enumerate(estimate.cells)
+    }
     observed = by_key[(3, (121, 128))]
     unobserved = by_key[(2, (121, 128))]
     assert observed.ratio == pytest.approx((100 * unobserved.ratio + 2000 * 1.3) / 2100)
@@ -121,8 +123,8 @@ def test_noisy_steps_give_a_wider_estimate_than_steady_ones() -> None:
     cell = (2, (33, 40))
 
     def sigma(estimator: StepTimeEstimator) -> float:
-        [found] = [c for c in estimator.estimate(PARAMS).cells if (c.k, c.cell) == cell]
-        return found.sigma
+        estimate = estimator.estimate(PARAMS)
+        return estimate.cell(estimate.ks.index(cell[0]), estimate.cells.index(cell[1])).sigma
 
     assert sigma(noisy) > 2 * sigma(steady)
 
@@ -152,7 +154,3 @@ def test_estimate_stays_between_the_prior_and_the_live_extremes(
     assert np.all(ratio >= min(factors) - 1e-9)
     assert np.all(ratio <= max(factors) + 1e-9)
     assert np.all(estimate.relative_sigma > 0)
-    ordered = live_ratios(estimate, min_steps=1)
-    assert [abs(c.live_ratio - 1) for c in ordered] == sorted(
-        (abs(c.live_ratio - 1) for c in ordered), reverse=True
-    )

@@ -1,4 +1,5 @@
-"""One evaluation cycle: fetch -> estimate -> guard/drift -> decide -> push -> alert -> save.
+"""One evaluation cycle: fetch -> estimate (a_hat per unit, T_hat per replica) -> checks ->
+plan (pure, ``daemon.plan``) -> apply (``daemon.apply``) -> alert -> save.
 
 Collaborators are injected (source, admin clients, alert sink, metrics, state store, clock,
 sleep) so tests drive the loop with fake time and real or in-process servers.
@@ -8,107 +9,49 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import structlog
 
-from tabletune.admin.client import AdminRefused
 from tabletune.admin.protocol import TableView
 from tabletune.daemon import alerts as names
 from tabletune.daemon.alerts import Alert, AlertSink
-from tabletune.daemon.decide import Decision, decide
-from tabletune.daemon.drift import acceptance_gap, profile_ms, step_drifts
+from tabletune.daemon.apply import AdminApi, apply_effects
+from tabletune.daemon.checks import Checks
+from tabletune.daemon.decide import Decision, Estimates
 from tabletune.daemon.estimation import UnitEstimator
 from tabletune.daemon.guard import (
     GoodputHistory,
-    GoodputSample,
-    PendingCheck,
-    interval_rates,
-    judge,
-    predicted_tokens_per_s,
+    goodput_sample,
+    view_ranges,
 )
-from tabletune.daemon.loads import LoadTracker, step_loads
+from tabletune.daemon.loads import LoadTracker
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation, SourceResult
+from tabletune.daemon.outcomes import Outcomes
+from tabletune.daemon.plan import PlanInputs, plan_replica
 from tabletune.daemon.profiles import PoolProfile, pool_for
 from tabletune.daemon.retry import with_retries
+from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
 from tabletune.daemon.state import DaemonState, ReplicaRecord, StateStore, UnitRecord
-from tabletune.errors import PermanentError, TableTuneError, TemporaryError
-from tabletune.schemas.table import Range, TableError, normalize_ranges
-from tabletune.solver import EstimatorState, Solution, SolverError, StepTimes, build_table
+from tabletune.daemon.step_time import (
+    StepTimeEstimator,
+    StepTimeLayout,
+    StepTimeParams,
+)
+from tabletune.errors import TableTuneError
 
 log = structlog.get_logger("tabletune.daemon")
+
+__all__ = ["AdminApi", "Controller", "CycleReport", "Source"]
 
 
 class Source(Protocol):
     def collect(
         self, now: float, *, on_replica: Callable[[], bool] | None = None
     ) -> SourceResult: ...
-
-
-class AdminApi(Protocol):
-    def get_table(self) -> TableView: ...
-
-    def put_table(
-        self,
-        table: Sequence[Sequence[int]],
-        *,
-        if_match: int | None = None,
-        allow_uncaptured: bool = False,
-    ) -> TableView: ...
-
-    def put_settings(
-        self,
-        *,
-        exploration_interval: int | None = None,
-        hysteresis: int | None = None,
-        if_match: int | None = None,
-    ) -> TableView: ...
-
-
-@dataclass
-class ReplicaRuntime:
-    """What the daemon knows about one replica between cycles."""
-
-    replica: str
-    admin_url: str
-    pool: PoolProfile
-    record: ReplicaRecord
-    loads: LoadTracker
-    history: GoodputHistory
-    step_totals: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
-    pending: PendingCheck | None = None
-    hold_until: float = 0.0
-    needs_decision: bool = True  # first sight, a failed push, a version race
-    view: TableView | None = None
-    view_read_at: float = 0.0
-
-
-@dataclass
-class CycleReport:
-    """What one cycle saw and did (for logs, --once, the demo and tests)."""
-
-    started: float
-    observed: list[str] = field(default_factory=list)
-    problems: dict[str, str] = field(default_factory=dict)
-    outage: str | None = None
-    rebuilt: list[str] = field(default_factory=list)
-    decisions: dict[str, Decision] = field(default_factory=dict)
-    pushed: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    rolled_back: list[str] = field(default_factory=list)
-    abandoned: bool = False
-
-
-def _ranges(table: list[list[int]] | None) -> tuple[Range, ...] | None:
-    if table is None:
-        return None
-    try:
-        return normalize_ranges(table)
-    except TableError:
-        return None
 
 
 class Controller:
@@ -142,8 +85,13 @@ class Controller:
         self.replicas: dict[str, ReplicaRuntime] = {}
         self._saved_replicas: dict[str, ReplicaRecord] = {}
         self._saved_units: dict[str, UnitRecord] = {}
-        self._bucket_ms: dict[str, dict[tuple[int, str], float | None]] = {}
-        self._solutions: dict[tuple[object, ...], Solution] = {}
+        self._layouts = {
+            pool.name: StepTimeLayout(pool.step_times, pool.step_times.max_batch)
+            for pool in self.pools
+        }
+        self._params = StepTimeParams(**settings.step_time.model_dump(exclude={"enabled"}))
+        self.checks = Checks(settings, metrics, alerts)
+        self.outcomes = Outcomes(settings, metrics, alerts)
         self.stopping = False
         self.last_cycle_end: float | None = None
         self.last_evaluation: float | None = None
@@ -168,16 +116,7 @@ class Controller:
 
     def snapshot(self) -> DaemonState:
         units = dict(self._saved_units)
-        for key, unit in self.units.items():
-            units[key] = UnitRecord(
-                prior=unit.state.prior,
-                weight=unit.state.weight,
-                drafted=unit.state.drafted,
-                accepted=unit.state.accepted,
-                rates=unit.rates,
-                drafts_since_rebuild=unit.drafts_since_rebuild,
-                rebuilds=unit.rebuilds,
-            )
+        units.update({key: unit.record() for key, unit in self.units.items()})
         replicas = dict(self._saved_replicas)
         replicas.update({key: rt.record for key, rt in self.replicas.items()})
         return DaemonState(
@@ -201,32 +140,9 @@ class Controller:
         if unit is not None:
             return unit
         saved = self._saved_units.pop(key, None)
-        est = self.settings.estimator
-        if saved is not None and tuple(saved.prior) == pool.prior:
-            try:
-                state = EstimatorState(
-                    prior=tuple(saved.prior),
-                    weight=saved.weight,
-                    drafted=tuple(saved.drafted),
-                    accepted=tuple(saved.accepted),
-                )
-                unit = UnitEstimator(
-                    state=state,
-                    rates=tuple(saved.rates),
-                    drafts_since_rebuild=saved.drafts_since_rebuild,
-                    rebuilds=saved.rebuilds,
-                )
-                if len(unit.rates) != len(state.prior):
-                    raise SolverError("rates and prior differ in length")
-            except SolverError as error:
-                log.warning(
-                    "saved estimator state incompatible, starting fresh", unit=key, error=str(error)
-                )
-                unit = None
-        elif saved is not None:
-            log.warning("prior changed since the state was saved; counts dropped", unit=key)
+        unit = None if saved is None else UnitEstimator.resume(key, saved, prior=pool.prior)
         if unit is None:
-            unit = UnitEstimator.start(pool.prior, settings=est)
+            unit = UnitEstimator.start(pool.prior, settings=self.settings.estimator)
         self.units[key] = unit
         return unit
 
@@ -244,6 +160,7 @@ class Controller:
             record=self._saved_replicas.pop(obs.replica, ReplicaRecord()),
             loads=LoadTracker(memory=self.settings.decision.load_memory),
             history=GoodputHistory(keep_s=2 * self.settings.guard.window_s),
+            step_time=StepTimeEstimator(self._layouts[pool.name]),
         )
         self.replicas[obs.replica] = rt
         return rt
@@ -254,7 +171,6 @@ class Controller:
     # ---- the cycle -----------------------------------------------------------------------
     def run_cycle(self) -> CycleReport:
         now = self.clock()
-        self._solutions.clear()
         report = CycleReport(started=now)
         checked: set[tuple[str, str]] = {("", "")}  # (replica, pool) scopes re-evaluated
         try:
@@ -308,7 +224,7 @@ class Controller:
             rebuilt = unit.add(drafted, accepted, settings=self.settings.estimator)
             if rebuilt:
                 report.rebuilt.append(key)
-                self._acceptance_checks(key, pool, unit, now, checked)
+                self.checks.acceptance(key, pool, unit, now, checked)
                 log.info("estimate rebuilt", unit=key, rates=[round(r, 4) for r in unit.rates])
             for rt, obs in members:
                 if self.stopping:
@@ -333,34 +249,6 @@ class Controller:
         self.metrics.cycle_seconds.set(self.last_cycle_end - now)
         self.metrics.last_cycle.set(self.last_cycle_end)
 
-    def _acceptance_checks(
-        self,
-        key: str,
-        pool: PoolProfile,
-        unit: UnitEstimator,
-        now: float,
-        checked: set[tuple[str, str]],
-    ) -> None:
-        for i, (rate, prior) in enumerate(zip(unit.rates, pool.prior, strict=True), start=1):
-            self.metrics.acceptance.labels(key, str(i)).set(rate)
-            self.metrics.acceptance_prior.labels(key, str(i)).set(prior)
-        by_replica = self.settings.estimator.scope == "replica"
-        replica, pool_label = (key, pool.name) if by_replica else ("", key)
-        checked.add((replica, "") if by_replica else ("", pool_label))
-        position, gap = acceptance_gap(unit.rates, pool.prior)
-        if abs(gap) > self.settings.drift.acceptance_threshold:
-            self.alerts.condition(
-                Alert(
-                    names.ACCEPTANCE_DRIFT,
-                    f"acceptance moved away from the prior at position {position}",
-                    f"a_hat_{position} - a_prior_{position} = {gap:+.3f}; a_hat="
-                    f"{[round(r, 3) for r in unit.rates]}, prior={list(pool.prior)}",
-                    replica=replica,
-                    pool=pool_label,
-                ),
-                now,
-            )
-
     def _replica_cycle(
         self,
         rt: ReplicaRuntime,
@@ -371,24 +259,19 @@ class Controller:
         report: CycleReport,
     ) -> None:
         rt.loads.add(obs)
-        self._drift_checks(rt, obs, now)
+        if obs.reset:
+            rt.step_time.clear()  # the engine restarted, perhaps with other settings
+        rt.step_time.add(obs.step_cells, now, half_life_s=self.settings.step_time.half_life_s)
+        estimate = rt.step_time.estimate(self._params)
+        self.checks.step_time(rt, obs.step_cells, now)
         client = self.admin_for(rt.admin_url)
-        # Read the table only when ours may be out of date: first sight, a restart, a failed or
-        # refused push, or every refresh_s. Otherwise the view our last call returned stands
-        # (pushes carry If-Match, so a table changed behind our back still cannot be lost).
-        stale_view = rt.view is None or now - rt.view_read_at >= self.settings.admin.refresh_s
-        if stale_view or obs.reset or rt.needs_decision:
-            try:
-                view = self._call(lambda: client.get_table(), f"GET table {rt.replica}")
-            except TableTuneError as error:
-                self._push_failed(rt, f"cannot read the table: {error}", now, report)
-                return
-            rt.view_read_at = now
-        else:
-            assert rt.view is not None
-            view = rt.view
+        view = self._current_view(rt, obs, client, now, report)
+        if view is None:
+            return
         # The table that ran during the interval: ours from last cycle, else what we just read.
-        self._goodput_sample(rt, rt.view or view, obs, unit, now)
+        sample = goodput_sample(rt.pool, rt.view or view, obs, unit.rates, now)
+        if sample is not None:
+            rt.history.add(sample)
         restart = obs.reset or (rt.record.version is not None and view.version < rt.record.version)
         if restart:
             log.warning(
@@ -399,49 +282,97 @@ class Controller:
             )
             rt.pending = None
             rt.history.clear()
-        if view is not rt.view:
-            rt.record.version = view.version
-            rt.view = view
-            current = _ranges(view.table)
-            if current is not None:
-                self.metrics.set_table(rt.replica, current, view.version)
-        if not self.dry_run:
-            try:
-                view = self._sync_plugin_settings(rt, view, client)
-            except TableTuneError as error:
-                self._push_failed(rt, f"cannot set exploration/hysteresis: {error}", now, report)
-                return
-        if rt.pending is not None and self._guard(rt, view, client, now, report):
-            return
-        # Before the first rebuild the estimate is the profile's prior: deciding from it at
-        # first sight repairs a bad starting table at once (where it runs k=0 the live counts
-        # come from exploration alone and the first rebuild can take minutes).
-        estimate_ready = unit.rebuilds > 0 or self.settings.decision.first_sight_from_prior
-        decide_now = rebuilt or (estimate_ready and (restart or rt.needs_decision))
-        if not decide_now:
-            return
-        if now < rt.hold_until:
+        self._adopt_view(rt, view)
+        use_live = self.settings.step_time.enabled
+        ratio = estimate.ratio if use_live else np.ones_like(estimate.ratio)
+        moved = rt.decided_ratio is not None and bool(
+            np.max(np.abs(ratio / np.asarray(rt.decided_ratio).reshape(ratio.shape) - 1.0))
+            > self.settings.decision.replan_change
+        )
+        plan = plan_replica(
+            rt,
+            PlanInputs(
+                view=view,
+                now=now,
+                restart=restart,
+                estimates=Estimates(
+                    step_times=estimate.step_times if use_live else rt.pool.step_times,
+                    rates=unit.rates,
+                    relative_sigma=estimate.relative_sigma if use_live else None,
+                ),
+                load_weights=rt.loads.weights,
+                rebuilt=rebuilt,
+                # Before the first rebuild the estimate is the profile's prior: deciding from
+                # it at first sight repairs a bad starting table at once (where it runs k=0 the
+                # live counts come from exploration alone and the first rebuild takes minutes).
+                estimate_ready=unit.rebuilds > 0 or self.settings.decision.first_sight_from_prior,
+                step_time_moved=moved,
+            ),
+            settings=self.settings,
+            dry_run=self.dry_run,
+        )
+        if plan.verdict is not None and plan.verdict.outcome != "wait":
+            rt.pending = None
+            if plan.verdict.outcome != "drop":
+                log.info(
+                    "push guard passed",
+                    replica=rt.replica,
+                    outcome=plan.verdict.outcome,
+                    change=plan.verdict.change,
+                    samples=plan.verdict.samples,
+                )
+        if plan.held:
             log.info(
                 "push held after a rollback", replica=rt.replica, for_s=round(rt.hold_until - now)
             )
+        if plan.decision is not None:
+            self._note_decision(rt, plan.decision, ratio, report)
+        if not plan.effects:
             return
-        decision = decide(
-            step_times=rt.pool.step_times,
-            rates=unit.rates,
-            view=view,
-            load_weights=rt.loads.weights,
-            settings=self.settings.decision,
-            force=restart,
-            build=self._build,
-        )
+        applied = apply_effects(rt.replica, plan.effects, view, client, call=self._call)
+        self.outcomes.record(rt, applied, now, report)
+
+    def _current_view(
+        self,
+        rt: ReplicaRuntime,
+        obs: Observation,
+        client: AdminApi,
+        now: float,
+        report: CycleReport,
+    ) -> TableView | None:
+        """Read the table only when ours may be out of date: first sight, a restart, a failed
+        or refused push, or every refresh_s. Otherwise the view our last call returned stands
+        (pushes carry If-Match, so a table changed behind our back still cannot be lost)."""
+        stale = rt.view is None or now - rt.view_read_at >= self.settings.admin.refresh_s
+        if not (stale or obs.reset or rt.needs_decision):
+            assert rt.view is not None
+            return rt.view
+        try:
+            view = self._call(client.get_table, f"GET table {rt.replica}")
+        except TableTuneError as error:
+            self.outcomes.push_failed(rt, f"cannot read the table: {error}", now, report)
+            return None
+        rt.view_read_at = now
+        return view
+
+    def _adopt_view(self, rt: ReplicaRuntime, view: TableView) -> None:
+        if view is rt.view:
+            return
+        rt.record.version = view.version
+        rt.view = view
+        current = view_ranges(view)
+        if current is not None:
+            self.metrics.set_table(rt.replica, current, view.version)
+
+    def _note_decision(
+        self, rt: ReplicaRuntime, decision: Decision, ratio: np.ndarray, report: CycleReport
+    ) -> None:
         report.decisions[rt.replica] = decision
         rt.needs_decision = False
+        rt.decided_ratio = tuple(float(x) for x in ratio.ravel())
         if decision.gain is not None:
             self.metrics.predicted_gain.labels(rt.replica).set(decision.gain)
-        if not decision.push or decision.new is None:
-            log.debug("no push", replica=rt.replica, reason=decision.reason)
-            return
-        if self.dry_run:
+        if decision.push and self.dry_run:
             log.info(
                 "dry run: would push",
                 replica=rt.replica,
@@ -450,283 +381,10 @@ class Controller:
                 new=decision.new,
                 gain=decision.gain,
             )
-            return
-        self._push(rt, view, client, decision, now, report)
+        elif not decision.push:
+            log.debug("no push", replica=rt.replica, reason=decision.reason)
 
     def _call(self, action: Callable[[], TableView], what: str) -> TableView:
         return with_retries(
             action, what=what, backoffs_s=self.settings.admin.retry_backoffs_s, sleep=self.sleep
         )
-
-    def _sync_plugin_settings(
-        self, rt: ReplicaRuntime, view: TableView, client: AdminApi
-    ) -> TableView:
-        wanted = self.settings.plugin
-        if (view.exploration_interval, view.hysteresis) == (
-            wanted.exploration_interval,
-            wanted.hysteresis,
-        ):
-            return view
-        new_view = self._call(
-            lambda: client.put_settings(
-                exploration_interval=wanted.exploration_interval,
-                hysteresis=wanted.hysteresis,
-                if_match=view.version,
-            ),
-            f"PUT settings {rt.replica}",
-        )
-        log.info(
-            "plugin settings set",
-            replica=rt.replica,
-            exploration_interval=wanted.exploration_interval,
-            hysteresis=wanted.hysteresis,
-        )
-        rt.record.version = new_view.version
-        rt.view = new_view
-        return new_view
-
-    def _push(
-        self,
-        rt: ReplicaRuntime,
-        view: TableView,
-        client: AdminApi,
-        decision: Decision,
-        now: float,
-        report: CycleReport,
-    ) -> bool:
-        assert decision.new is not None
-        new = [list(r) for r in decision.new]
-        try:
-            pushed = self._call(
-                lambda: client.put_table(new, if_match=view.version), f"PUT table {rt.replica}"
-            )
-        except AdminRefused as error:
-            if error.status == 409:  # someone changed it meanwhile: look again next cycle
-                log.warning(
-                    "table changed under us; deciding again next cycle",
-                    replica=rt.replica,
-                    detail=error.detail,
-                )
-                rt.needs_decision = True
-                self.metrics.pushes.labels(rt.replica, "conflict").inc()
-                return False
-            self._push_failed(rt, f"refused: {error}", now, report)
-            return False
-        except (TemporaryError, PermanentError) as error:
-            self._push_failed(rt, str(error), now, report)
-            return False
-        old = decision.current
-        previous_push = rt.record.pushed_at
-        rt.record.previous = [list(r) for r in old] if old is not None else rt.record.previous
-        rt.record.pushed = new
-        rt.record.version = pushed.version
-        rt.record.pushed_at = now
-        rt.view = pushed
-        self.metrics.pushes.labels(rt.replica, "ok").inc()
-        self.metrics.last_push.labels(rt.replica).set(now)
-        self.metrics.set_table(rt.replica, decision.new, pushed.version)
-        report.pushed.append(rt.replica)
-        old_edges, new_edges = decision.edges_moved
-        gain = "n/a" if decision.gain is None else f"{decision.gain:+.2%}"
-        self.alerts.event(
-            Alert(
-                names.TABLE_SHIFTED,
-                f"table of {rt.replica} changed ({decision.reason})",
-                f"old {old and [list(r) for r in old]} -> new {new}",
-                replica=rt.replica,
-                pool=rt.pool.name,
-                extra={
-                    "old_table": str(old and [list(r) for r in old]),
-                    "new_table": str(new),
-                    "edges_moved": f"{list(old_edges)} -> {list(new_edges)}",
-                    "predicted_gain": gain,
-                },
-            ),
-            now,
-        )
-        log.info(
-            "table pushed",
-            replica=rt.replica,
-            version=pushed.version,
-            old=old,
-            new=decision.new,
-            predicted_gain=decision.gain,
-            reason=decision.reason,
-        )
-        if self.settings.guard.enabled and old is not None:
-            # Only samples of the table this push replaces: since the previous push, if recent.
-            start = max(now - self.settings.guard.window_s, previous_push or 0.0)
-            before = tuple(s for s in rt.history.until(now) if s.at > start)
-            rt.pending = PendingCheck(
-                pushed_at=now, pushed=decision.new, previous=old, before=before
-            )
-        return True
-
-    def _push_failed(self, rt: ReplicaRuntime, why: str, now: float, report: CycleReport) -> None:
-        report.failed.append(rt.replica)
-        rt.needs_decision = True  # nothing lost: the same decision is made again next cycle
-        self.metrics.errors.labels("admin").inc()
-        self.metrics.pushes.labels(rt.replica, "failed").inc()
-        self.alerts.condition(
-            Alert(
-                names.PUSH_FAILED,
-                f"cannot update the table of {rt.replica}",
-                why,
-                replica=rt.replica,
-                pool=rt.pool.name,
-            ),
-            now,
-        )
-
-    def _guard(
-        self,
-        rt: ReplicaRuntime,
-        view: TableView,
-        client: AdminApi,
-        now: float,
-        report: CycleReport,
-    ) -> bool:
-        """Judge the last push; True when it was rolled back (nothing more this cycle)."""
-        pending = rt.pending
-        assert pending is not None
-        verdict = judge(
-            pending.before,
-            rt.history.since(pending.pushed_at),
-            elapsed_s=now - pending.pushed_at,
-            settings=self.settings.guard,
-        )
-        if verdict.outcome == "wait":
-            return False
-        rt.pending = None
-        if verdict.outcome != "drop":
-            log.info(
-                "push guard passed",
-                replica=rt.replica,
-                outcome=verdict.outcome,
-                change=verdict.change,
-                samples=verdict.samples,
-            )
-            return False
-        if self.dry_run:
-            return False
-        back = [list(r) for r in pending.previous]
-        try:
-            rolled = self._call(
-                lambda: client.put_table(back, if_match=view.version),
-                f"PUT table (rollback) {rt.replica}",
-            )
-        except TableTuneError as error:
-            self._push_failed(rt, f"rollback failed: {error}", now, report)
-            return True
-        rt.record.pushed, rt.record.previous = back, None
-        rt.record.version = rolled.version
-        rt.view = rolled
-        rt.hold_until = now + self.settings.guard.cooldown_s
-        self.metrics.rollbacks.labels(rt.replica).inc()
-        self.metrics.set_table(rt.replica, pending.previous, rolled.version)
-        report.rolled_back.append(rt.replica)
-        change = f"{verdict.change:+.1%}" if verdict.change is not None else "?"
-        self.alerts.event(
-            Alert(
-                names.ROLLBACK,
-                f"table of {rt.replica} rolled back: goodput {change} at similar load",
-                f"pushed {[list(r) for r in pending.pushed]}, restored {back}; samples "
-                f"before/after {verdict.samples}",
-                replica=rt.replica,
-                pool=rt.pool.name,
-            ),
-            now,
-        )
-        return True
-
-    def _goodput_sample(
-        self,
-        rt: ReplicaRuntime,
-        ran_view: TableView,
-        obs: Observation,
-        unit: UnitEstimator,
-        now: float,
-    ) -> None:
-        """Record measured vs predicted goodput of the table that ran during the interval."""
-        ran = _ranges(ran_view.table)
-        if obs.mean_batch is None or ran is None:
-            return
-        rates = interval_rates(obs.drafted, obs.accepted, unit.rates)
-        loads = step_loads(obs) or {
-            (max(1, round(obs.mean_batch)), max(1, round(obs.mean_batch))): 1.0
-        }
-        predicted = predicted_tokens_per_s(
-            rt.pool.step_times,
-            ran,
-            loads,
-            rates,
-            max_k=ran_view.num_speculative_tokens,
-            exploration_interval=ran_view.exploration_interval,
-            t_ms=rt.pool.t_ms,
-        )
-        if predicted:
-            rt.history.add(GoodputSample(now, obs.mean_batch, obs.tokens_per_s, predicted))
-
-    def _build(
-        self,
-        step_times: StepTimes,
-        rates: Sequence[float],
-        *,
-        allowed_k: Sequence[int],
-        max_batch: int,
-        stickiness: float,
-    ) -> Solution:
-        """``build_table``, shared within a cycle by replicas with the same inputs (a pool)."""
-        key = (id(step_times), tuple(rates), tuple(allowed_k), max_batch, stickiness)
-        solution = self._solutions.get(key)
-        if solution is None:
-            solution = build_table(
-                step_times, rates, allowed_k=allowed_k, max_batch=max_batch, stickiness=stickiness
-            )
-            self._solutions[key] = solution
-        return solution
-
-    def _expected_ms(self, pool: PoolProfile) -> Callable[[int, str], float | None]:
-        """Profile T averaged over a batch bucket, computed once per (pool, k, bucket)."""
-        cache = self._bucket_ms.setdefault(pool.name, {})
-
-        def lookup(k: int, bucket: str) -> float | None:
-            key = (k, bucket)
-            if key not in cache:
-                cache[key] = profile_ms(pool.step_times, k, bucket)
-            return cache[key]
-
-        return lookup
-
-    def _drift_checks(self, rt: ReplicaRuntime, obs: Observation, now: float) -> None:
-        memory = self.settings.decision.load_memory
-        totals = {key: (s * memory, c * memory) for key, (s, c) in rt.step_totals.items()}
-        for key, (seconds, steps) in obs.step_times.items():
-            s0, c0 = totals.get(key, (0.0, 0.0))
-            totals[key] = (s0 + seconds, c0 + steps)
-        rt.step_totals = {key: v for key, v in totals.items() if v[1] > 1e-3}
-        drifts = step_drifts(
-            rt.pool.step_times,
-            rt.step_totals,
-            min_steps=self.settings.drift.min_steps,
-            expected_ms=self._expected_ms(rt.pool),
-        )
-        worst = None
-        for d in drifts:
-            self.metrics.step_time_ratio.labels(rt.replica, str(d.k), d.bucket).set(d.ratio)
-            if abs(d.ratio - 1.0) > self.settings.drift.profile_threshold and (
-                worst is None or abs(d.ratio - 1) > abs(worst.ratio - 1)
-            ):
-                worst = d
-        if worst is not None:
-            self.alerts.condition(
-                Alert(
-                    names.PROFILE_DRIFT,
-                    f"step times of {rt.replica} differ from the profile",
-                    f"k={worst.k}, B in {worst.bucket}: live {worst.live_ms:.2f} ms vs profile "
-                    f"{worst.profile_ms:.2f} ms ({worst.ratio:.2f}x over {worst.steps:.0f} steps)",
-                    replica=rt.replica,
-                    pool=rt.pool.name,
-                ),
-                now,
-            )

@@ -1,16 +1,19 @@
-"""Whether to push a new table, pure: build from the profile's T and a_hat, restricted to the
-replica's allowed k, and push only when the predicted goodput over the recent load improves by
-more than ``min_gain`` (no flapping), or when the replica restarted and lost our table."""
+"""Whether to push a new table, pure: build from the step-time estimate T_hat (the profile
+corrected by live steps) and a_hat, restricted to the replica's allowed k, and push only when
+the predicted goodput over the recent load improves by more than ``min_gain`` (no flapping), or
+when the replica restarted and lost our table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from tabletune.admin.protocol import TableView
 from tabletune.daemon.settings import DecisionSettings
 from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
-from tabletune.solver import Solution, SolverError, StepTimes, build_table, predicted_gain
+from tabletune.solver import SolverError, StepTimes, build_table, predicted_gain
 
 
 @dataclass(frozen=True)
@@ -30,17 +33,26 @@ class Decision:
         return old, new
 
 
+@dataclass(frozen=True)
+class Estimates:
+    """What a decision is made from: step times (T_hat on a dense grid, or the profile), their
+    relative uncertainty (rows follow ``step_times.ks``, columns B-1; None = exact), a_hat."""
+
+    step_times: StepTimes
+    rates: tuple[float, ...]
+    relative_sigma: np.ndarray | None = None
+
+
 def decide(
     *,
-    step_times: StepTimes,
-    rates: Sequence[float],
+    estimates: Estimates,
     view: TableView,
     load_weights: Mapping[int, float],
     settings: DecisionSettings,
     force: bool = False,
-    build: Callable[..., Solution] = build_table,
 ) -> Decision:
     """The table to run on this replica; ``force`` skips the gain threshold (restart)."""
+    step_times, rates = estimates.step_times, estimates.rates
     if not view.dynamic or view.table is None:
         return Decision(push=False, reason="the replica runs a static k: no table to set")
     allowed = sorted(set(view.allowed_k) & set(step_times.ks))
@@ -56,7 +68,7 @@ def decide(
         current = None
         current_problem = str(error)
     try:
-        solution = build(
+        solution = build_table(
             step_times,
             rates,
             allowed_k=allowed,

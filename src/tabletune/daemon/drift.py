@@ -1,65 +1,46 @@
 """Drift checks, pure: live acceptance vs the prior, live step times vs the profile's T.
 
-Step times drift when work the profile did not capture grows with traffic (DFlash-like drafters
-ran 1.3-1.9x the profiled step); the table is then built on wrong T and an operator must know.
+Step times drift when serving differs from what the profile timed (prefill riding along,
+graph misses past the capture limit, long contexts, a drafter whose work grows with
+acceptance); the table is then built on T_hat rather than the profile, and an operator should
+know the profile no longer describes this replica. Each cell of the last interval compares its
+live mean with the profile at the cell's own mean batch size, so a replica running exactly at
+the profile shows a ratio of one (up to noise), whatever its batch sizes, and a change shows
+within one cycle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tabletune.metric_names import bucket_bounds
-from tabletune.solver import SolverError, StepTimes
+from tabletune.daemon.step_time import StepTimeLayout
+from tabletune.step_cells import StepCells
 
 
 @dataclass(frozen=True)
-class StepDrift:
+class CellDrift:
     k: int
-    bucket: str
-    live_ms: float
-    profile_ms: float
+    cell: tuple[int, int]
     steps: float
-
-    @property
-    def ratio(self) -> float:
-        return self.live_ms / self.profile_ms
+    ratio: float  # live mean step time / profile T at the cell's live mean batch size
+    mean_tokens: float
 
 
-def profile_ms(step_times: StepTimes, k: int, bucket: str) -> float | None:
-    """Mean profile T over the bucket's batch sizes (within the profiled range), or None."""
-    low, high = bucket_bounds(bucket)
-    high = min(high, step_times.max_batch)
-    if k not in step_times.ks or low > high:
-        return None
-    try:
-        return float(np.mean([step_times.at(b, k) for b in range(low, high + 1)]))
-    except SolverError:
-        return None
-
-
-def step_drifts(
-    step_times: StepTimes,
-    totals: Mapping[tuple[int, str], tuple[float, float]],
-    *,
-    min_steps: int,
-    expected_ms: Callable[[int, str], float | None] | None = None,
-) -> list[StepDrift]:
-    """Every (k, bucket) with enough steps, live mean vs profile (``expected_ms`` may memoise
-    ``profile_ms``)."""
-    out: list[StepDrift] = []
-    for (k, bucket), (seconds, steps) in sorted(totals.items()):
-        if steps < min_steps or steps <= 0:
+def step_drifts(layout: StepTimeLayout, cells: StepCells, *, min_steps: float) -> list[CellDrift]:
+    """Every cell of one interval with enough steps, most off the profile first."""
+    out: list[CellDrift] = []
+    for (k, low, high), totals in cells.items():
+        if totals.steps < min_steps or layout.index(k, low, high) is None:
             continue
-        expected = (
-            expected_ms(k, bucket) if expected_ms is not None else profile_ms(step_times, k, bucket)
+        row = layout.ks.index(k)
+        prior_s = layout.prior_at(np.full((len(layout.ks), 1), totals.mean_batch))[row, 0]
+        out.append(
+            CellDrift(k, (low, high), totals.steps, totals.mean_s / prior_s, totals.mean_tokens)
         )
-        if expected is None:
-            continue
-        out.append(StepDrift(k, bucket, 1000.0 * seconds / steps, expected, steps))
-    return out
+    return sorted(out, key=lambda d: abs(d.ratio - 1.0), reverse=True)
 
 
 def acceptance_gap(rates: Sequence[float], prior: Sequence[float]) -> tuple[int, float]:

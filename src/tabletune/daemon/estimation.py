@@ -13,8 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import structlog
+
 from tabletune.daemon.settings import EstimatorSettings
-from tabletune.solver import EstimatorState, estimate, observe, rebuild_step
+from tabletune.daemon.state import UnitRecord
+from tabletune.solver import EstimatorState, SolverError, estimate, observe, rebuild_step
+
+log = structlog.get_logger("tabletune.daemon")
 
 
 def fit_positions(counts: Sequence[float], size: int) -> tuple[float, ...]:
@@ -76,6 +81,45 @@ class UnitEstimator:
     def start(cls, prior: Sequence[float], *, settings: EstimatorSettings) -> UnitEstimator:
         state = EstimatorState.start(prior, settings.prior_weight)
         return cls(state=state, rates=state.prior)
+
+    @classmethod
+    def resume(cls, key: str, saved: UnitRecord, *, prior: Sequence[float]) -> UnitEstimator | None:
+        """The unit as saved, or None (logged) when the prior changed or the record is bad."""
+        if tuple(saved.prior) != tuple(prior):
+            log.warning("prior changed since the state was saved; counts dropped", unit=key)
+            return None
+        try:
+            state = EstimatorState(
+                prior=tuple(saved.prior),
+                weight=saved.weight,
+                drafted=tuple(saved.drafted),
+                accepted=tuple(saved.accepted),
+            )
+            if len(saved.rates) != len(state.prior):
+                raise SolverError("rates and prior differ in length")
+        except SolverError as error:
+            log.warning(
+                "saved estimator state incompatible, starting fresh", unit=key, error=str(error)
+            )
+            return None
+        return cls(
+            state=state,
+            rates=tuple(saved.rates),
+            drafts_since_rebuild=saved.drafts_since_rebuild,
+            rebuilds=saved.rebuilds,
+        )
+
+    def record(self) -> UnitRecord:
+        """What survives a restart of the daemon."""
+        return UnitRecord(
+            prior=self.state.prior,
+            weight=self.state.weight,
+            drafted=self.state.drafted,
+            accepted=self.state.accepted,
+            rates=self.rates,
+            drafts_since_rebuild=self.drafts_since_rebuild,
+            rebuilds=self.rebuilds,
+        )
 
     def add(
         self,

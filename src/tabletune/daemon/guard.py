@@ -16,8 +16,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tabletune.admin.protocol import TableView
+from tabletune.daemon.loads import step_loads
+from tabletune.daemon.observation import Observation
+from tabletune.daemon.profiles import PoolProfile
 from tabletune.daemon.settings import GuardSettings
-from tabletune.schemas.table import Range
+from tabletune.schemas.table import Range, TableError, normalize_ranges
 from tabletune.solver import SolverError, StepTimes, expand, tau
 
 
@@ -65,6 +69,46 @@ def predicted_tokens_per_s(
     except (SolverError, KeyError):
         return None
     return 1000.0 * tokens / busy_ms if busy_ms > 0 else None
+
+
+def view_ranges(view: TableView) -> tuple[Range, ...] | None:
+    """The view's table as ranges; None when static or unreadable."""
+    if view.table is None:
+        return None
+    try:
+        return normalize_ranges(view.table)
+    except TableError:
+        return None
+
+
+def goodput_sample(
+    pool: PoolProfile,
+    ran_view: TableView,
+    obs: Observation,
+    fallback_rates: Sequence[float],
+    now: float,
+) -> GoodputSample | None:
+    """Measured vs predicted goodput of the table that ran during the interval. The prediction
+    uses the profile, a fixed yardstick, so a push that made steps slower than the model
+    promised shows as lower efficiency."""
+    ran = view_ranges(ran_view)
+    if obs.mean_batch is None or ran is None:
+        return None
+    rates = interval_rates(obs.drafted, obs.accepted, fallback_rates)
+    point = max(1, round(obs.mean_batch))
+    loads = step_loads(obs) or {(point, point): 1.0}
+    predicted = predicted_tokens_per_s(
+        pool.step_times,
+        ran,
+        loads,
+        rates,
+        max_k=ran_view.num_speculative_tokens,
+        exploration_interval=ran_view.exploration_interval,
+        t_ms=pool.t_ms,
+    )
+    if not predicted:
+        return None
+    return GoodputSample(now, obs.mean_batch, obs.tokens_per_s, predicted)
 
 
 def interval_rates(

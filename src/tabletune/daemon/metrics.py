@@ -16,6 +16,7 @@ from prometheus_client import (
 )
 
 from tabletune.schemas.table import Range
+from tabletune.step_cells import cell_label
 
 PREFIX = "tabletune_daemon"
 
@@ -73,10 +74,11 @@ class DaemonMetrics:
         )
         self.step_time_ratio = Gauge(
             f"{PREFIX}_step_time_ratio",
-            "Live step time / profile T at the same k and batch bucket",
-            ["replica", "k", "batch_bucket"],
+            "Live step time / profile T at the same k and batch cell (recent steps)",
+            ["replica", "k", "batch"],
             registry=r,
         )
+        self._ratio_cells: dict[str, set[tuple[str, str]]] = {}
         self.stale = Gauge(
             f"{PREFIX}_replica_stale",
             "1 while the replica's data is stale or missing",
@@ -100,6 +102,17 @@ class DaemonMetrics:
             shown.append((str(start), str(end)))
         self._ranges[replica] = shown
         self.table_version.labels(replica).set(version)
+
+    def set_step_time_ratios(
+        self, replica: str, cells: Sequence[tuple[int, tuple[int, int], float]]
+    ) -> None:
+        """Replace the replica's live/profile ratios with those of ``(k, cell, ratio)``."""
+        current = {(str(k), cell_label(cell)): ratio for k, cell, ratio in cells}
+        for stale in self._ratio_cells.pop(replica, set()) - set(current):
+            self.step_time_ratio.remove(replica, *stale)
+        for (k, batch), ratio in current.items():
+            self.step_time_ratio.labels(replica, k, batch).set(ratio)
+        self._ratio_cells[replica] = set(current)
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         return self.registry.get_sample_value(name, labels or {})

@@ -122,12 +122,41 @@ class DecisionSettings(_Group):
         lt=1,
         description="weight kept by the load distribution each cycle (0: last cycle only)",
     )
+    confidence_z: float = Field(
+        default=1.0,
+        ge=0,
+        description="a range changes k only when the predicted gain exceeds z standard errors",
+    )
+    replan_change: float = Field(
+        default=0.02,
+        gt=0,
+        description="decide again when T_hat where the load runs moved by more than this",
+    )
     first_sight_from_prior: bool = Field(
         default=True,
         description=(
             "decide on first sight (and after a restart) from the profile's acceptance, "
             "without waiting for the first rebuild: a table running k=0 drafts almost nothing"
         ),
+    )
+
+
+class StepTimeSettings(_Group):
+    enabled: bool = Field(
+        default=True,
+        description="decide from live step time T_hat (false: from the profile alone)",
+    )
+    prior_steps: float = Field(
+        default=100.0, ge=0, description="w: weight of the profile's T in each cell, in steps"
+    )
+    half_life_s: float = Field(
+        default=60.0, gt=0, description="live step-time sums fade with this half-life (seconds)"
+    )
+    prior_sigma: float = Field(
+        default=0.05, ge=0, description="relative uncertainty of the profile's T under serving"
+    )
+    correlation: float = Field(
+        default=4.0, ge=1, description="steps per independent sample (neighbouring steps agree)"
     )
 
 
@@ -180,7 +209,9 @@ class DriftSettings(_Group):
         gt=0,
         description="alert when live step time / profile T at the same (B, k) is off by more",
     )
-    min_steps: int = Field(default=100, ge=1, description="steps a (k, bucket) cell needs")
+    min_steps: int = Field(
+        default=100, ge=1, description="live steps a (k, batch) cell needs to be judged"
+    )
 
 
 class AlertSettings(_Group):
@@ -225,6 +256,7 @@ class DaemonSettings(BaseSettings):
     source: SourceSettings = SourceSettings()
     profile: ProfileSettings = ProfileSettings()
     estimator: EstimatorSettings = EstimatorSettings()
+    step_time: StepTimeSettings = StepTimeSettings()
     decision: DecisionSettings = DecisionSettings()
     plugin: PluginSettings = PluginSettings()
     admin: AdminSettings = AdminSettings()

@@ -19,7 +19,6 @@ counted as ``1/correlation`` independent samples, since neighbouring steps are a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,14 +53,34 @@ class CellEstimate:
 
 @dataclass(frozen=True)
 class StepTimeEstimate:
-    """T_hat on the dense grid 1..max_batch with its relative uncertainty, and the cells."""
+    """T_hat on the dense grid 1..max_batch with its relative uncertainty, and per cell (rows
+    follow the profile's ks, columns the layout's cells) the live steps, live ratio, r_hat,
+    its standard error and the scheduled tokens per step."""
 
     step_times: StepTimes  # grid 1..max_batch, the profile's ks
     relative_sigma: np.ndarray  # sigma(T_hat)/T_hat, rows follow ks, columns B-1
-    cells: tuple[CellEstimate, ...]
+    ks: tuple[int, ...]
+    cells: tuple[tuple[int, int], ...]
+    steps: np.ndarray
+    live_ratio: np.ndarray  # nan without data
+    ratio: np.ndarray
+    sigma: np.ndarray
+    mean_tokens: np.ndarray  # nan without data
+
+    def cell(self, row: int, col: int) -> CellEstimate:
+        return CellEstimate(
+            k=self.ks[row],
+            cell=self.cells[col],
+            steps=float(self.steps[row, col]),
+            live_ratio=float(self.live_ratio[row, col]),
+            ratio=float(self.ratio[row, col]),
+            sigma=float(self.sigma[row, col]),
+            mean_tokens=float(self.mean_tokens[row, col]),
+        )
 
     def observed(self, min_steps: float) -> tuple[CellEstimate, ...]:
-        return tuple(c for c in self.cells if c.steps >= min_steps)
+        rows, cols = np.nonzero(self.steps >= min_steps)
+        return tuple(self.cell(int(r), int(c)) for r, c in zip(rows, cols, strict=True))
 
 
 class StepTimeLayout:
@@ -158,22 +177,17 @@ class StepTimeEstimator:
         dense_ms = layout.prior_ms * ratio[:, columns]
         relative = sigma[:, columns] / ratio[:, columns]
         grid = tuple(range(1, layout.max_batch + 1))
-        estimate = StepTimes(grid=grid, ks=layout.ks, ms=dense_ms)
-        tokens = np.where(seen, self.sums[..., 3] / safe, np.nan)
-        cells = tuple(
-            CellEstimate(
-                k=k,
-                cell=cell,
-                steps=float(steps[i, j]),
-                live_ratio=float(live[i, j]),
-                ratio=float(ratio[i, j]),
-                sigma=float(sigma[i, j]),
-                mean_tokens=float(tokens[i, j]),
-            )
-            for i, k in enumerate(layout.ks)
-            for j, cell in enumerate(layout.cells)
+        return StepTimeEstimate(
+            step_times=StepTimes(grid=grid, ks=layout.ks, ms=dense_ms),
+            relative_sigma=relative,
+            ks=layout.ks,
+            cells=layout.cells,
+            steps=steps.copy(),
+            live_ratio=live,
+            ratio=ratio,
+            sigma=sigma,
+            mean_tokens=np.where(seen, self.sums[..., 3] / safe, np.nan),
         )
-        return StepTimeEstimate(step_times=estimate, relative_sigma=relative, cells=cells)
 
     def _cell_prior_sigma(
         self, params: StepTimeParams, prior_sigma: np.ndarray | None
@@ -194,9 +208,3 @@ def _as_row(totals: CellTotals) -> np.ndarray:
     return np.array(
         [totals.steps, totals.seconds, totals.seconds_sq, totals.tokens, totals.requests]
     )
-
-
-def live_ratios(estimate: StepTimeEstimate, *, min_steps: float) -> Sequence[CellEstimate]:
-    """Cells with enough live steps, most off the profile first (for drift checks)."""
-    observed = estimate.observed(min_steps)
-    return sorted(observed, key=lambda c: abs(c.live_ratio - 1.0), reverse=True)

@@ -1,0 +1,69 @@
+"""The daemon's watch over its estimates: a_hat and T_hat against the profile, as metrics and
+as condition alerts (the profile no longer describes what the replicas serve)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tabletune.daemon import alerts as names
+from tabletune.daemon.alerts import Alert, AlertSink
+from tabletune.daemon.drift import acceptance_gap, step_drifts
+from tabletune.daemon.estimation import UnitEstimator
+from tabletune.daemon.metrics import DaemonMetrics
+from tabletune.daemon.profiles import PoolProfile
+from tabletune.daemon.runtime import ReplicaRuntime
+from tabletune.daemon.settings import DaemonSettings
+from tabletune.step_cells import StepCells, cell_label
+
+
+@dataclass
+class Checks:
+    settings: DaemonSettings
+    metrics: DaemonMetrics
+    alerts: AlertSink
+
+    def acceptance(
+        self,
+        key: str,
+        pool: PoolProfile,
+        unit: UnitEstimator,
+        now: float,
+        checked: set[tuple[str, str]],
+    ) -> None:
+        for i, (rate, prior) in enumerate(zip(unit.rates, pool.prior, strict=True), start=1):
+            self.metrics.acceptance.labels(key, str(i)).set(rate)
+            self.metrics.acceptance_prior.labels(key, str(i)).set(prior)
+        by_replica = self.settings.estimator.scope == "replica"
+        replica, pool_label = (key, pool.name) if by_replica else ("", key)
+        checked.add((replica, "") if by_replica else ("", pool_label))
+        position, gap = acceptance_gap(unit.rates, pool.prior)
+        if abs(gap) > self.settings.drift.acceptance_threshold:
+            self.alerts.condition(
+                Alert(
+                    names.ACCEPTANCE_DRIFT,
+                    f"acceptance moved away from the prior at position {position}",
+                    f"a_hat_{position} - a_prior_{position} = {gap:+.3f}; a_hat="
+                    f"{[round(r, 3) for r in unit.rates]}, prior={list(pool.prior)}",
+                    replica=replica,
+                    pool=pool_label,
+                ),
+                now,
+            )
+
+    def step_time(self, rt: ReplicaRuntime, cells: StepCells, now: float) -> None:
+        drifts = step_drifts(rt.step_time.layout, cells, min_steps=self.settings.drift.min_steps)
+        self.metrics.set_step_time_ratios(rt.replica, [(d.k, d.cell, d.ratio) for d in drifts])
+        if not drifts or abs(drifts[0].ratio - 1.0) <= self.settings.drift.profile_threshold:
+            return
+        worst = drifts[0]
+        self.alerts.condition(
+            Alert(
+                names.PROFILE_DRIFT,
+                f"step times of {rt.replica} differ from the profile",
+                f"k={worst.k}, B in {cell_label(worst.cell)}: live {worst.ratio:.2f}x the "
+                f"profile over {worst.steps:.0f} steps ({worst.mean_tokens:.0f} tokens per step)",
+                replica=rt.replica,
+                pool=rt.pool.name,
+            ),
+            now,
+        )

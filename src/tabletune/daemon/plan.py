@@ -1,0 +1,111 @@
+"""What to do about one replica this cycle, pure: the effects to apply, in order.
+
+Given what the daemon remembers (``ReplicaRuntime``) and what the cycle saw (``PlanInputs``),
+``plan_replica`` returns plugin settings to set, a rollback the guard asks for, or a table to
+push. Nothing here talks to a replica; ``daemon.apply`` executes the effects, last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tabletune.admin.protocol import TableView
+from tabletune.daemon.decide import Decision, Estimates, decide
+from tabletune.daemon.guard import PendingCheck, Verdict, judge
+from tabletune.daemon.runtime import ReplicaRuntime
+from tabletune.daemon.settings import DaemonSettings
+
+
+@dataclass(frozen=True)
+class SetPluginSettings:
+    exploration_interval: int
+    hysteresis: int
+
+
+@dataclass(frozen=True)
+class PushTable:
+    decision: Decision
+
+
+@dataclass(frozen=True)
+class RollBack:
+    pending: PendingCheck
+    verdict: Verdict
+
+
+Effect = SetPluginSettings | PushTable | RollBack
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What this cycle knows about the replica, beyond its memory."""
+
+    view: TableView
+    now: float
+    restart: bool  # counters or the table version went back
+    estimates: Estimates
+    load_weights: Mapping[int, float]
+    rebuilt: bool  # a_hat was rebuilt this cycle
+    estimate_ready: bool  # a_hat may be decided on (rebuilt once, or first sight allowed)
+    step_time_moved: bool  # T_hat where the load runs moved since the last decision
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    effects: tuple[Effect, ...] = ()
+    decision: Decision | None = None
+    verdict: Verdict | None = None  # the guard's judgement of the last push, when judged
+    held: bool = False  # a push was due but a rollback's cooldown holds it
+
+
+def wanted_settings(view: TableView, settings: DaemonSettings) -> SetPluginSettings | None:
+    """The plugin settings to set, when the replica's differ from the configured ones."""
+    wanted = settings.plugin
+    if (view.exploration_interval, view.hysteresis) == (
+        wanted.exploration_interval,
+        wanted.hysteresis,
+    ):
+        return None
+    return SetPluginSettings(wanted.exploration_interval, wanted.hysteresis)
+
+
+def min_range_width(settings: DaemonSettings) -> int:
+    """No range narrower than the plugin's hysteresis band (a load inside a narrower range
+    would keep the k of a neighbour and never run it)."""
+    return 2 * settings.plugin.hysteresis + 1
+
+
+def plan_replica(
+    rt: ReplicaRuntime, inputs: PlanInputs, *, settings: DaemonSettings, dry_run: bool
+) -> ReplicaPlan:
+    effects: list[Effect] = []
+    if not dry_run and (change := wanted_settings(inputs.view, settings)) is not None:
+        effects.append(change)
+    verdict: Verdict | None = None
+    if rt.pending is not None and not inputs.restart:
+        verdict = judge(
+            rt.pending.before,
+            rt.history.since(rt.pending.pushed_at),
+            elapsed_s=inputs.now - rt.pending.pushed_at,
+            settings=settings.guard,
+        )
+        if verdict.outcome == "drop" and not dry_run:
+            return ReplicaPlan((*effects, RollBack(rt.pending, verdict)), verdict=verdict)
+    due = inputs.rebuilt or (
+        inputs.estimate_ready and (inputs.restart or rt.needs_decision or inputs.step_time_moved)
+    )
+    if not due:
+        return ReplicaPlan(tuple(effects), verdict=verdict)
+    if inputs.now < rt.hold_until:
+        return ReplicaPlan(tuple(effects), verdict=verdict, held=True)
+    decision = decide(
+        estimates=inputs.estimates,
+        view=inputs.view,
+        load_weights=inputs.load_weights,
+        settings=settings.decision,
+        force=inputs.restart,
+    )
+    if decision.push and decision.new is not None and not dry_run:
+        effects.append(PushTable(decision))
+    return ReplicaPlan(tuple(effects), decision=decision, verdict=verdict)

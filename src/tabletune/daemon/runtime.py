@@ -1,0 +1,48 @@
+"""What the daemon remembers about each replica between cycles, and what one cycle reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tabletune.admin.protocol import TableView
+from tabletune.daemon.decide import Decision
+from tabletune.daemon.guard import GoodputHistory, PendingCheck
+from tabletune.daemon.loads import LoadTracker
+from tabletune.daemon.profiles import PoolProfile
+from tabletune.daemon.state import ReplicaRecord
+from tabletune.daemon.step_time import StepTimeEstimator
+
+
+@dataclass
+class ReplicaRuntime:
+    """One replica's memory: its table record, load and goodput history, live step time."""
+
+    replica: str
+    admin_url: str
+    pool: PoolProfile
+    record: ReplicaRecord
+    loads: LoadTracker
+    history: GoodputHistory
+    step_time: StepTimeEstimator
+    pending: PendingCheck | None = None
+    hold_until: float = 0.0
+    needs_decision: bool = True  # first sight, a failed push, a version race, a restart
+    view: TableView | None = None
+    view_read_at: float = 0.0
+    decided_ratio: tuple[float, ...] | None = None  # T_hat / profile at the last decision
+
+
+@dataclass
+class CycleReport:
+    """What one cycle saw and did (for logs, --once, the demo and tests)."""
+
+    started: float
+    observed: list[str] = field(default_factory=list)
+    problems: dict[str, str] = field(default_factory=dict)
+    outage: str | None = None
+    rebuilt: list[str] = field(default_factory=list)
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    pushed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    rolled_back: list[str] = field(default_factory=list)
+    abandoned: bool = False

@@ -1,0 +1,118 @@
+"""The planner: which effects one replica gets, decided without any I/O."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tabletune import __version__
+from tabletune.admin.state import TableState
+from tabletune.daemon.decide import Estimates
+from tabletune.daemon.guard import GoodputHistory, GoodputSample, PendingCheck
+from tabletune.daemon.loads import LoadTracker
+from tabletune.daemon.plan import (
+    PlanInputs,
+    PushTable,
+    RollBack,
+    SetPluginSettings,
+    min_range_width,
+    plan_replica,
+)
+from tabletune.daemon.profiles import make_pool
+from tabletune.daemon.runtime import ReplicaRuntime
+from tabletune.daemon.settings import load_settings
+from tabletune.daemon.state import ReplicaRecord
+from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout
+from tests.unit.daemon_fakes import small_profile
+
+POOL = make_pool(small_profile(), None)
+START = [[1, 8, 0], [9, 32, 1], [33, 64, 2], [65, 128, 3]]
+SETTINGS = load_settings({})
+NOW = 10_000.0
+
+
+def _view(exploration: int = 50, hysteresis: int = 2) -> object:
+    state = TableState.initial(START, num_speculative_tokens=3, max_num_seqs=128)
+    state = replace(state, exploration_interval=exploration, hysteresis=hysteresis)
+    return state.view(plugin_version=__version__, engine_version="0.26.0")
+
+
+def _runtime(**changes: object) -> ReplicaRuntime:
+    rt = ReplicaRuntime(
+        replica="r1",
+        admin_url="r1",
+        pool=POOL,
+        record=ReplicaRecord(),
+        loads=LoadTracker(memory=0.8, weights={40: 1.0}),
+        history=GoodputHistory(keep_s=600),
+        step_time=StepTimeEstimator(StepTimeLayout(POOL.step_times, 128)),
+        needs_decision=False,
+    )
+    for key, value in changes.items():
+        setattr(rt, key, value)
+    return rt
+
+
+def _inputs(**changes: object) -> PlanInputs:
+    inputs = PlanInputs(
+        view=_view(),  # type: ignore[arg-type]
+        now=NOW,
+        restart=False,
+        estimates=Estimates(step_times=POOL.step_times, rates=POOL.prior),
+        load_weights={40: 1.0},
+        rebuilt=False,
+        estimate_ready=True,
+        step_time_moved=False,
+    )
+    return replace(inputs, **changes)  # type: ignore[arg-type]
+
+
+def test_nothing_due_nothing_done() -> None:
+    plan = plan_replica(_runtime(), _inputs(), settings=SETTINGS, dry_run=False)
+    assert plan.effects == () and plan.decision is None
+
+
+@pytest.mark.parametrize(
+    "due",
+    [{"rebuilt": True}, {"restart": True}, {"step_time_moved": True}],
+)
+def test_a_reason_to_decide_pushes_a_better_table(due: dict[str, bool]) -> None:
+    plan = plan_replica(_runtime(), _inputs(**due), settings=SETTINGS, dry_run=False)
+    assert plan.decision is not None and plan.decision.push
+    assert plan.effects == (PushTable(plan.decision),)
+
+
+def test_wrong_plugin_settings_come_first_and_dry_run_changes_nothing() -> None:
+    inputs = _inputs(view=_view(exploration=0, hysteresis=0), rebuilt=True)
+    plan = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)
+    assert plan.effects[0] == SetPluginSettings(50, 2)
+    assert isinstance(plan.effects[1], PushTable)
+    dry = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=True)
+    assert dry.effects == () and dry.decision is not None and dry.decision.push
+
+
+def test_a_push_that_lowered_goodput_is_rolled_back_instead_of_deciding() -> None:
+    history = GoodputHistory(keep_s=600)
+    before = tuple(GoodputSample(NOW - 300 + i, 40.0, 100.0, 100.0) for i in range(3))
+    for i in range(3):
+        history.add(GoodputSample(NOW - 100 + i, 40.0, 50.0, 100.0))
+    pending = PendingCheck(
+        pushed_at=NOW - 150, pushed=((1, 128, 3),), previous=((1, 128, 1),), before=before
+    )
+    rt = _runtime(pending=pending, history=history)
+    plan = plan_replica(rt, _inputs(rebuilt=True), settings=SETTINGS, dry_run=False)
+    assert plan.verdict is not None and plan.verdict.outcome == "drop"
+    assert plan.effects == (RollBack(pending, plan.verdict),)
+    assert plan.decision is None
+
+
+def test_a_rollback_cooldown_holds_the_next_push() -> None:
+    rt = _runtime(hold_until=NOW + 60)
+    plan = plan_replica(rt, _inputs(rebuilt=True), settings=SETTINGS, dry_run=False)
+    assert plan.held and plan.effects == ()
+
+
+def test_ranges_never_narrower_than_the_hysteresis_band() -> None:
+    assert min_range_width(load_settings({"TABLETUNE_PLUGIN__HYSTERESIS": "3"})) == 7
+    assert min_range_width(load_settings({"TABLETUNE_PLUGIN__HYSTERESIS": "0"})) == 1
