@@ -1,272 +1,68 @@
-"""A dry run of bench/gpu/live_step_time.py against a small vLLM stand-in built from the plugin's
-real parts, so the GPU job's control flow is proven before it spends H200 time.
-
-The stand-in is a scheduler loop in real time: each step reads the installed lookup
-(``dynamic_sd_lookup[B]``, a list or the plugin's ``StepPolicy``) for the drafts of the next step
-(as async scheduling does), sleeps T(B, k) for the k its requests verify, and calls its
-``update_from_output``, wrapped by the plugin's real ``wrap_update_from_output``. The HTTP side is
-the real ``TableTuneEndpoint`` (admin API and 0.2 s sync loop) and ``TableTuneMetrics`` over the
-engine-side controller; vLLM's own counters come from prometheus_client objects of vLLM's names.
-"""
+"""A dry run of the GPU job bench/gpu/live_step_time.sh (and its driver and report) on a CPU,
+against a small vLLM stand-in built from the plugin's real parts (tests/support/vllm_stand_in.py),
+so the job's control flow is proven before it spends H200 time."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import importlib.util
 import json
-import math
+import os
+import subprocess
 import sys
-import threading
-import time
-from argparse import Namespace
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
-from typing import Any
+from types import ModuleType
 
 import pytest
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from tabletune.plugin import wire
-from tabletune.plugin.engine import build_controller, step_timer_of, wrap_update_from_output
-from tabletune.plugin.http import TableTuneEndpoint
-from tabletune.plugin.metrics_core import TableTuneMetrics
-from tabletune.schemas.table import dense_lookup
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
 
-GPU = Path(__file__).resolve().parents[2] / "bench" / "gpu"
-RATES = (0.75, 0.55, 0.40)
-START_TABLE = [[1, 1, 0], [2, 2, 1], [3, 3, 2], [4, 256, 3]]
-
-
-def step_s(batch: int, k: int) -> float:
-    """k=2 clearly out-produces k=3 here: 2.3/6 ms vs 2.7/11 ms per request."""
-    return 0.002 + 0.001 * k * k + 0.00002 * batch
-
-
-@dataclass
-class Pending:
-    prompt: int
-    max_tokens: int
-    done: asyncio.Future[None]
-    produced: int = 0
-    drafts: int = -1  # -1: not yet prefilled
-    carry: float = 0.0
-
-
-class Scheduler:
-    """What the plugin reads of vLLM's Scheduler; update_from_output does the bookkeeping."""
-
-    def __init__(self, engine: StandIn) -> None:
-        self.engine = engine
-        self.num_spec_tokens = 3
-        self.scheduler_config = SimpleNamespace(max_num_seqs=256)
-        # vLLM builds the lookup from the starting table at start.
-        self.dynamic_sd_lookup: Any = dense_lookup([(a, b, k) for a, b, k in START_TABLE], 256, 3)
-
-    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> None:
-        self.engine.finish_step(scheduler_output)
-
-    def has_requests(self) -> bool:
-        return bool(self.engine.running or self.engine.waiting)
-
-
-Scheduler.update_from_output = wrap_update_from_output(  # type: ignore[method-assign]
-    Scheduler.update_from_output
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER_ARGS = (
+    "--clients 6 --warmup-s 1 --window-s 0.8 --settle-s 1.0 --rounds 2 --overhead-rounds 3 "
+    "--neighbour-interval 4 --neighbour-window-s 1.2"
 )
 
 
-class StandIn:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        labels = ["engine", "model_name"]
-
-        def counter(name: str) -> Any:
-            return Counter(name, name, labels, registry=self.registry).labels("0", "qwen3-4b")
-
-        self.generation = counter("vllm:generation_tokens")
-        self.prompt_tokens = counter("vllm:prompt_tokens")
-        self.drafts = counter("vllm:spec_decode_num_drafts")
-        self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens")
-        self.accepted = counter("vllm:spec_decode_num_accepted_tokens")
-        self.success = counter("vllm:request_success")
-        counter("vllm:num_preemptions")
-        self.iterations = Histogram(
-            "vllm:iteration_tokens_total", "t", labels, registry=self.registry
-        ).labels("0", "qwen3-4b")
-        self.running_gauge = Gauge("vllm:num_requests_running", "r", labels, registry=self.registry)
-        Gauge("vllm:num_requests_waiting", "w", labels, registry=self.registry)
-        self.scheduler = Scheduler(self)
-        spec = SimpleNamespace(
-            num_speculative_tokens=3, num_speculative_tokens_per_batch_size=START_TABLE
-        )
-        self.vllm_config = SimpleNamespace(
-            speculative_config=spec, model_config=SimpleNamespace(served_model_name="qwen3-4b")
-        )
-        self.controller = build_controller(
-            SimpleNamespace(scheduler=self.scheduler, vllm_config=self.vllm_config),
-            engine_version="0.26.0",
-        )
-        self.running: list[Pending] = []
-        self.waiting: list[Pending] = []
-        self.wake = asyncio.Event()
-
-    async def call_utility_async(self, name: str, *args: Any) -> Any:
-        if name == wire.GET_STEP_CELLS:
-            return step_timer_of(self.scheduler).to_wire()
-        methods = {
-            wire.GET_TABLE: self.controller.get,
-            wire.PUT_TABLE: self.controller.put_table,
-            wire.PUT_SETTINGS: self.controller.put_settings,
-        }
-        return methods[name](*args)
-
-    async def loop(self) -> None:
-        while True:
-            if not self.running and not self.waiting:
-                self.wake.clear()
-                await self.wake.wait()
-            self.running += self.waiting
-            self.waiting = []
-            batch = len(self.running)
-            verify = max((r.drafts for r in self.running), default=0)
-            tokens = {str(id(r)): r.prompt if r.drafts < 0 else 1 + r.drafts for r in self.running}
-            spec = {str(id(r)): [-1] * r.drafts for r in self.running if r.drafts > 0}
-            next_k = self.scheduler.dynamic_sd_lookup[batch]  # read once per step, as vLLM does
-            await asyncio.sleep(step_s(batch, verify))
-            output = SimpleNamespace(
-                num_scheduled_tokens=tokens,
-                total_num_scheduled_tokens=sum(tokens.values()),
-                scheduled_spec_decode_tokens=spec,
-                next_k=next_k,
-            )
-            self.scheduler.update_from_output(output, None)
-
-    def finish_step(self, output: Any) -> None:
-        kept = 0
-        for request in self.running:
-            if request.drafts < 0:
-                request.produced, kept = 1, kept + 1
-                self.prompt_tokens.inc(request.prompt)
-            else:
-                k = request.drafts
-                request.carry += sum(RATES[:k])
-                accepted = math.floor(request.carry)
-                request.carry -= accepted
-                new = min(1 + accepted, request.max_tokens - request.produced)
-                request.produced += new
-                kept += new
-                if k:
-                    self.drafts.inc()
-                    self.draft_tokens.inc(k)
-                    self.accepted.inc(accepted)
-            request.drafts = output.next_k
-        self.generation.inc(kept)
-        self.iterations.observe(output.total_num_scheduled_tokens)
-        for request in [r for r in self.running if r.produced >= r.max_tokens]:
-            self.running.remove(request)
-            self.success.inc()
-            request.done.set_result(None)
-        self.running_gauge.labels("0", "qwen3-4b").set(len(self.running))
-
-    def app(self) -> FastAPI:
-        plugin = TableTuneEndpoint(metrics=TableTuneMetrics(self.registry))
-
-        @asynccontextmanager
-        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-            engine_client = SimpleNamespace(
-                vllm_config=self.vllm_config,
-                engine_core=SimpleNamespace(call_utility_async=self.call_utility_async),
-            )
-            await plugin.init_state(engine_client, app.state, Namespace())
-            self.task = asyncio.create_task(self.loop())
-            yield
-            self.task.cancel()
-            app.state.tabletune_sync_task.cancel()
-
-        app = FastAPI(lifespan=lifespan)
-        plugin.attach_router(app)
-
-        @app.get("/health")
-        async def health() -> Response:
-            return Response(status_code=200)
-
-        @app.get("/metrics")
-        async def metrics() -> Response:
-            return Response(generate_latest(self.registry), media_type="text/plain")
-
-        @app.post("/v1/completions")
-        async def completions(request: Request) -> JSONResponse:
-            body = await request.json()
-            pending = Pending(len(body["prompt"]), body["max_tokens"], asyncio.Future())
-            self.waiting.append(pending)
-            self.wake.set()
-            await pending.done
-            return JSONResponse({"usage": {"completion_tokens": body["max_tokens"]}})
-
-        return app
-
-
-@contextmanager
-def serving(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("TABLETUNE_SYNC_INTERVAL_S", "0.2")
-    monkeypatch.delenv("TABLETUNE_ADMIN_TOKEN", raising=False)
-    port = free_port()
-    stand_in = StandIn()
-    server = uvicorn.Server(
-        uvicorn.Config(stand_in.app(), host="127.0.0.1", port=port, log_level="error")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "stand-in did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-        assert not stand_in.task.done(), stand_in.task  # the scheduler loop did not crash
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
-def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, GPU / f"{name}.py")
+def load_report() -> ModuleType:
+    path = ROOT / "bench" / "gpu" / "live_step_time_report.py"
+    spec = importlib.util.spec_from_file_location("live_step_time_report", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_gpu_jobs_driver_runs_every_part_and_writes_its_json(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    report = load("live_step_time_report")
-    driver = load("live_step_time")
-    out = tmp_path / "live_step_time.json"
-    meta = {"synthetic_rates": list(RATES), "device": "stand-in", "starting_table": START_TABLE}
-    with serving(monkeypatch) as base:
-        args = argparse.Namespace(
-            base=base, model="qwen3-4b", pid=0, out=str(out), meta=json.dumps(meta),
-            budget_s=60, started_s=0, ready_timeout_s=10, max_num_seqs=256, clients=6,
-            warmup_s=1.0, window_s=0.8, settle_s=0.4, rounds=2, overhead_rounds=3,
-            neighbour_interval=4, neighbour_window_s=1.2, sync_interval_s=0.2,
-        )  # fmt: skip
-        assert asyncio.run(asyncio.wait_for(driver.run(args), 60)) == 0
-    raw = json.loads(out.read_text())
-    assert raw["errors"] == [] and raw["skipped"] == []
+def test_the_gpu_job_runs_every_part_and_writes_its_results(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3 = this one
+        "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
+        "WHEEL": "none",
+        "SERVER_MODULE": "tests.support.vllm_stand_in",
+        "PORT": str(free_port()),
+        "OUT": str(tmp_path),
+        "BUDGET_S": "200",
+        "COMMIT": "dry-run",
+        "TABLETUNE_SYNC_INTERVAL_S": "0.2",
+        "DRIVER_ARGS": DRIVER_ARGS,
+    }
+    env.pop("TABLETUNE_ADMIN_TOKEN", None)
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu" / "live_step_time.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    raw = json.loads((tmp_path / "live_step_time.json").read_text())
+    assert raw["errors"] == [] and raw["skipped"] == [] and raw["meta"]["commit"] == "dry-run"
     parts = [(w["part"], w["arm"]) for w in raw["windows"]]
     assert parts[:4] == [("fixed-k", "k2"), ("fixed-k", "k3"), ("fixed-k", "k3"), ("fixed-k", "k2")]
     assert ("neighbour", "n4") in parts and parts.count(("overhead", "off")) == 3
+    report = load_report()
     summary = report.summarize(raw)
     assert raw["summary"] == json.loads(json.dumps(summary))  # the driver embeds the same summary
     for arm in ("k2", "k3"):
@@ -274,6 +70,9 @@ def test_the_gpu_jobs_driver_runs_every_part_and_writes_its_json(
     assert summary["neighbour"]["steps_by_k"][2] > 0
     overhead = summary["overhead"]
     assert overhead["off"]["windows"] == 3 and overhead["off_steps_recorded"] == 0
-    goals = report.goals(summary)
+    goals = json.loads((tmp_path / "live_step_time_h200.json").read_text())["goals"]
+    assert goals == json.loads(json.dumps(report.goals(summary)))
     assert goals["counters_agree"]["pass"] is True, summary["counters"]
+    # The stand-in's k=2 steps take 6 ms, k=3 steps 11 ms: k=2 out-produces k=3 by far.
     assert goals["t_hat_ranks_like_throughput"]["pass"] is True, summary["fixed_k"]["ranking"]
+    assert (tmp_path / "live_step_time_run_log.txt").read_text().count("== ") == 5
