@@ -5,9 +5,18 @@ from __future__ import annotations
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from tabletune.admin.local import LocalBackend
-from tabletune.admin.protocol import MAX_BODY_BYTES, SETTINGS_PATH, TABLE_PATH, TablePut
+from tabletune.admin.protocol import (
+    MAX_BODY_BYTES,
+    SETTINGS_PATH,
+    TABLE_PATH,
+    SettingsPut,
+    TablePut,
+)
 from tabletune.admin.router import build_router
 from tabletune.admin.state import AdminError, TableState, parse_if_match
 
@@ -144,3 +153,68 @@ def test_state_transition_is_pure() -> None:
     new = state.with_table(TablePut(table=[[1, 16, 1]]), if_match=0)
     assert state.version == 0 and state.k_for(1) == 3
     assert new.version == 1 and new.k_for(1) == 1
+
+
+def test_neighbour_interval_and_step_timing_round_trip() -> None:
+    client, backend = make_client()
+    assert backend.state.neighbour_interval == 0 and backend.state.step_timing is True
+    response = client.put(SETTINGS_PATH, json={"neighbour_interval": 16, "step_timing": False})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["neighbour_interval"] == 16 and body["step_timing"] is False
+    assert body["neighbour_steps"] == 0 and body["version"] == 1
+    client.put(SETTINGS_PATH, json={"hysteresis": 2})  # omitted fields stay as they are
+    assert backend.state.neighbour_interval == 16 and backend.state.step_timing is False
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"neighbour_interval": -1},
+        {"neighbour_interval": 1_000_001},
+        {"neighbour_interval": "16"},
+        {"neighbour_interval": 1.5},
+        {"neighbour_interval": True},
+        {"step_timing": "false"},
+        {"step_timing": 0},
+        {"step_timing": 1},
+        {"step_timing": [True]},
+        {"neighbour_interval": 4, "step_timing": "no"},  # one bad field refuses the whole body
+    ],
+)
+def test_bad_new_settings_are_refused_and_change_nothing(body: dict[str, object]) -> None:
+    client, backend = make_client()
+    before = backend.state
+    response = client.put(SETTINGS_PATH, json=body)
+    assert response.status_code == 422 and response.json()["detail"]
+    assert backend.state == before
+
+
+json_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-5, max_value=2_000_000),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=60)
+@given(interval=json_values, timing=json_values)
+def test_any_settings_body_is_applied_whole_or_refused_whole(
+    interval: object, timing: object
+) -> None:
+    state = TableState.initial(START, num_speculative_tokens=3, max_num_seqs=16)
+    valid_interval = interval is None or (type(interval) is int and 0 <= interval <= 1_000_000)
+    valid_timing = timing is None or isinstance(timing, bool)
+    try:
+        body = SettingsPut.model_validate({"neighbour_interval": interval, "step_timing": timing})
+    except ValidationError:
+        assert not (valid_interval and valid_timing)
+        return
+    assert valid_interval and valid_timing
+    new = state.with_settings(body, if_match=None)
+    assert new.neighbour_interval == (0 if interval is None else interval)
+    assert new.step_timing == (True if timing is None else timing)
+    assert state.neighbour_interval == 0 and state.step_timing is True  # the old state stays

@@ -9,7 +9,7 @@ import pytest
 
 from tabletune.admin.state import AdminError, TableState
 from tabletune.plugin.controller import EngineTableController
-from tabletune.plugin.engine import build_controller
+from tabletune.plugin.engine import build_controller, step_timer_of
 from tabletune.plugin.policy import StepPolicy
 from tabletune.plugin.wire import view_from_envelope
 from tabletune.schemas.table import dense_lookup
@@ -124,3 +124,51 @@ def test_install_is_one_assignment_of_a_complete_lookup() -> None:
     controller = EngineTableController(state, installed.append, engine_version="x")
     controller.put_table({"table": [[1, 4, 3], [5, 8, 0]]}, None)
     assert installed == [[0, 3, 3, 3, 3, 0, 0, 0, 0]]
+
+
+def test_neighbour_exploration_installs_a_policy_and_counts_its_steps() -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    controller.put_table({"table": [[1, 256, 2]]}, None)
+    view = view_from_envelope(controller.put_settings({"neighbour_interval": 2}, None))
+    assert view.neighbour_interval == 2
+    policy = core.scheduler.dynamic_sd_lookup
+    assert isinstance(policy, StepPolicy)
+    assert [policy[50] for _ in range(8)] == [2, 1, 2, 3, 2, 1, 2, 3]  # allowed 0..3
+    assert view_from_envelope(controller.get()).neighbour_steps == 4
+    controller.put_settings({"neighbour_interval": 0}, None)
+    assert isinstance(core.scheduler.dynamic_sd_lookup, list)
+    assert view_from_envelope(controller.get()).neighbour_steps == 4  # survives the swap
+
+
+def test_step_timing_off_stops_all_per_step_work_and_on_restores_it() -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    timer = step_timer_of(core.scheduler)
+    settings = {"exploration_interval": 50, "hysteresis": 4, "neighbour_interval": 16}
+    controller.put_settings(settings, None)
+    assert isinstance(core.scheduler.dynamic_sd_lookup, StepPolicy) and timer.enabled
+    view = view_from_envelope(controller.put_settings({"step_timing": False}, None))
+    assert view.step_timing is False and view.neighbour_interval == 16  # settings are kept
+    assert isinstance(core.scheduler.dynamic_sd_lookup, list) and not timer.enabled
+    assert core.scheduler.dynamic_sd_lookup == dense_lookup([tuple(r) for r in START], 256, 3)  # type: ignore[misc]
+    controller.put_settings({"step_timing": True}, None)
+    assert isinstance(core.scheduler.dynamic_sd_lookup, StepPolicy) and timer.enabled
+
+
+def test_step_timing_switches_the_timer_of_a_static_engine_too() -> None:
+    core = fake_core(None)
+    controller = build_controller(core, engine_version="0.26.0")
+    controller.put_settings({"step_timing": False}, None)
+    assert not step_timer_of(core.scheduler).enabled and core.scheduler.dynamic_sd_lookup is None
+
+
+def test_refused_new_settings_keep_policy_timer_and_version() -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    controller.put_settings({"neighbour_interval": 8}, None)
+    policy = core.scheduler.dynamic_sd_lookup
+    for body in ({"neighbour_interval": -3}, {"step_timing": "off"}, {"neighbour_interval": 2.0}):
+        assert controller.put_settings(body, None)["status"] == 422
+    assert core.scheduler.dynamic_sd_lookup is policy and step_timer_of(core.scheduler).enabled
+    assert view_from_envelope(controller.get()).version == 1

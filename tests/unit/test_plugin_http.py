@@ -15,11 +15,13 @@ from prometheus_client import CollectorRegistry
 
 from tabletune.admin.protocol import MAX_BODY_BYTES, SETTINGS_PATH, TABLE_PATH
 from tabletune.admin.state import AdminError
+from tabletune.plugin import http as http_module
 from tabletune.plugin import wire
-from tabletune.plugin.engine import build_controller
+from tabletune.plugin.engine import build_controller, step_timer_of
 from tabletune.plugin.engine_backend import EngineUtilityBackend, sync_views
 from tabletune.plugin.http import TOKEN_ENV, TableTuneEndpoint
 from tabletune.plugin.metrics_core import TableTuneMetrics
+from tabletune.step_cells import CellTotals, cells_to_wire
 
 from .test_plugin_controller import START, fake_core
 
@@ -46,6 +48,7 @@ class FakeEngineClient:
             wire.GET_TABLE: self.controller.get,
             wire.PUT_TABLE: self.controller.put_table,
             wire.PUT_SETTINGS: self.controller.put_settings,
+            wire.GET_STEP_CELLS: step_timer_of(self.core.scheduler).to_wire,
         }
         return methods[name](*args)
 
@@ -189,7 +192,8 @@ def test_malformed_engine_answer_is_a_502() -> None:
 def test_sync_keeps_polling_through_failures() -> None:
     engine = FakeEngineClient()
     seen: list[int] = []
-    failures = iter([True, False, True])
+    cells: list[float] = []
+    failures = iter([True, True, False, False, True, False])
 
     async def flaky(name: str, *args: Any) -> Any:
         if next(failures):
@@ -201,6 +205,114 @@ def test_sync_keeps_polling_through_failures() -> None:
     async def fake_sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    backend = EngineUtilityBackend(flaky, on_view=lambda view: seen.append(view.version))
+    backend = EngineUtilityBackend(
+        flaky,
+        on_view=lambda view: seen.append(view.version),
+        on_steps=lambda read: cells.append(read.started_at),
+    )
     asyncio.run(sync_views(backend, interval_s=2.5, sleep=fake_sleep, max_rounds=3))
-    assert seen == [0] and slept == [2.5, 2.5, 2.5]
+    started = step_timer_of(engine.core.scheduler).started_at
+    assert seen == [0] and cells == [started, started] and slept == [2.5, 2.5, 2.5]
+
+
+def engine_answer(started_at: float, steps: float) -> dict[str, Any]:
+    totals = CellTotals(steps, steps * 0.01, steps * 0.0001, steps * 8, steps * 2)
+    return {"started_at": started_at, **cells_to_wire({(1, 2, 2): totals}, 3)}
+
+
+class ScriptedEngine:
+    """Answers the view from a real controller and the step cells from a script."""
+
+    def __init__(self, answers: list[object]) -> None:
+        self.client = FakeEngineClient()
+        self.answers = iter(answers)
+
+    async def call(self, name: str, *args: Any) -> Any:
+        if name == wire.GET_STEP_CELLS:
+            return next(self.answers)
+        return await self.client.call_utility_async(name, *args)
+
+
+def sync_rounds(
+    answers: list[object], registry: CollectorRegistry
+) -> list[tuple[float | None, float | None]]:
+    """Run one sync round per answer; after each, the exported steps and their ``_created``."""
+    engine = ScriptedEngine(answers)
+    metrics = TableTuneMetrics(registry).for_engine(model_name="qwen3-4b", engine="0")
+    backend = EngineUtilityBackend(
+        engine.call, on_view=metrics.publish_view, on_steps=metrics.publish_steps
+    )
+    labels = {"model_name": "qwen3-4b", "engine": "0", "k": "1", "batch": "2"}
+    seen: list[tuple[float | None, float | None]] = []
+
+    async def record(seconds: float) -> None:
+        seen.append(
+            (
+                registry.get_sample_value("tabletune_steps_total", labels),
+                registry.get_sample_value("tabletune_steps_created", labels),
+            )
+        )
+
+    asyncio.run(sync_views(backend, interval_s=1.0, sleep=record, max_rounds=len(answers)))
+    return seen
+
+
+def test_sync_exports_the_engines_totals_and_a_restart_shows_as_new_created() -> None:
+    seen = sync_rounds(
+        [engine_answer(100.0, 5), engine_answer(100.0, 12), engine_answer(250.0, 2)],
+        CollectorRegistry(),
+    )
+    assert seen == [(5, 100.0), (12, 100.0), (2, 250.0)]
+
+
+@pytest.mark.parametrize(
+    "malformed",
+    [
+        None,
+        "cells",
+        {"cells": [[1, 2, 2, 1, 0.1]], "started_at": 1.0},  # a row too short
+        {"cells": [[1, 2, 3, 1, 0.1, 0.01, 2, 2]], "started_at": 1.0},  # not a cell
+        {"cells": [[1, 2, 2, -1, 0.1, 0.01, 2, 2]], "started_at": 1.0},  # negative count
+        {"cells": [], "started_at": "yesterday"},
+        {"cells": [], "started_at": float("nan")},
+        {"cells": []},  # no start time
+    ],
+)
+def test_a_malformed_engine_answer_is_logged_and_skipped(
+    malformed: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="vllm.tabletune.http"):
+        seen = sync_rounds(
+            [engine_answer(100.0, 5), malformed, engine_answer(100.0, 9)], CollectorRegistry()
+        )
+    assert seen == [(5, 100.0), (5, 100.0), (9, 100.0)]  # the last good reading stays
+    assert "malformed step cells" in caplog.text
+
+
+def test_step_cells_read_through_the_backend_match_the_engines_counter() -> None:
+    engine = FakeEngineClient()
+    timer = step_timer_of(engine.core.scheduler)
+    timer.on_step(0.0, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False)
+    timer.on_step(0.5, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False)
+    read = asyncio.run(EngineUtilityBackend(engine.call_utility_async).get_step_cells())
+    assert read.cells == timer.counter.totals() and read.started_at == timer.started_at
+    assert read.steps_without_decode == 0
+
+
+def test_the_sync_loop_runs_every_second_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    intervals: list[float] = []
+
+    async def fake_sync(backend: EngineUtilityBackend, *, interval_s: float) -> None:
+        intervals.append(interval_s)
+
+    monkeypatch.setattr(http_module, "sync_views", fake_sync)
+    monkeypatch.delenv("TABLETUNE_SYNC_INTERVAL_S", raising=False)
+    plugin = TableTuneEndpoint(metrics=TableTuneMetrics(CollectorRegistry()))
+
+    async def start() -> None:
+        state = Namespace()
+        await plugin.init_state(FakeEngineClient(), state, Namespace())
+        await state.tabletune_sync_task
+
+    asyncio.run(start())
+    assert intervals == [1.0]

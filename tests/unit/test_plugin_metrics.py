@@ -1,4 +1,5 @@
-"""The stat-logger plugin with stand-ins for vLLM's per-step stats and a fresh registry."""
+"""The stat-logger plugin and the metric families with stand-ins for vLLM's per-step stats and a
+fresh registry."""
 
 from __future__ import annotations
 
@@ -7,28 +8,26 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from tabletune.admin.protocol import TableView
 from tabletune.plugin import metrics as metrics_entry
 from tabletune.plugin.metrics import make_stat_logger_class
-from tabletune.plugin.metrics_core import TableTuneMetrics, step_sample
+from tabletune.plugin.metrics_core import TableTuneMetrics
+from tabletune.plugin.wire import StepCellsRead
+from tabletune.step_cells import CellTotals
 
 LABELS = {"model_name": "qwen3-4b", "engine": "0"}
 
 
 @dataclass
-class Spec:  # vLLM's SpecDecodingStats fields the plugin reads
-    num_drafts: int
-    num_draft_tokens: int
+class Spec:  # vLLM's SpecDecodingStats field the plugin reads
     num_draft_tokens_per_pos: list[int] = field(default_factory=list)
 
 
-def stats(spec: Spec | None, itls: list[float], first_tokens: int = 0) -> tuple[Any, Any]:
+def stats(spec: Spec | None) -> tuple[Any, Any]:
     scheduler = SimpleNamespace(spec_decoding_stats=spec)
-    iteration = SimpleNamespace(
-        inter_token_latencies_iter=itls, time_to_first_tokens_iter=[0.1] * first_tokens
-    )
+    iteration = SimpleNamespace(inter_token_latencies_iter=[0.005], time_to_first_tokens_iter=[])
     return scheduler, iteration
 
 
@@ -54,8 +53,10 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None
 
 def test_per_position_draft_counts_add_up(registry: CollectorRegistry) -> None:
     logger = make_stat_logger_class(Base, registry)(config(), 0)
-    logger.record(*stats(Spec(4, 12, [4, 4, 4]), [0.006] * 4))
-    logger.record(*stats(Spec(2, 2, [2, 0, 0]), [0.005] * 2))
+    logger.record(*stats(Spec([4, 4, 4])))
+    logger.record(*stats(Spec([2, 0, 0])))
+    logger.record(*stats(None))  # a step without drafts
+    logger.record(None, None)
     per_pos = [
         value(registry, "tabletune_spec_decode_num_draft_tokens_per_pos_total", position=str(i))
         for i in range(3)
@@ -69,34 +70,11 @@ def test_positions_export_zero_from_the_start(registry: CollectorRegistry) -> No
     assert value(registry, name, position="3") == 0
 
 
-def test_step_duration_by_k_and_bucket(registry: CollectorRegistry) -> None:
+def test_the_stat_logger_no_longer_times_steps(registry: CollectorRegistry) -> None:
     logger = make_stat_logger_class(Base, registry)(config(), 0)
-    logger.record(*stats(Spec(5, 15, [5, 5, 5]), [0.012, 0.0061, 0.0061, 0.0061, 0.0061]))
-    count = value(registry, "tabletune_step_duration_seconds_count", k="3", batch_bucket="4-7")
-    total = value(registry, "tabletune_step_duration_seconds_sum", k="3", batch_bucket="4-7")
-    assert count == 1 and total == pytest.approx(0.0061)
-    assert value(registry, "tabletune_decode_batch_size_count") == 1
-    assert value(registry, "tabletune_decode_batch_size_sum") == 5
-
-
-def test_k0_steps_are_recorded_without_spec_stats(registry: CollectorRegistry) -> None:
-    logger = make_stat_logger_class(Base, registry)(config(), 0)
-    logger.record(*stats(None, [0.004]))
-    assert value(registry, "tabletune_step_duration_seconds_count", k="0", batch_bucket="1") == 1
-
-
-@pytest.mark.parametrize(
-    ("spec", "itls", "first_tokens"),
-    [
-        (Spec(3, 7, [3, 3, 1]), [0.005] * 3, 0),  # mixed draft lengths
-        (Spec(3, 9, [3, 3, 3]), [0.005] * 3, 1),  # a prefill finished in this step
-        (Spec(3, 9, [3, 3, 3]), [], 0),  # no decode output
-    ],
-)
-def test_unattributable_steps_are_left_out(
-    spec: Spec, itls: list[float], first_tokens: int
-) -> None:
-    assert step_sample(spec, itls, first_tokens) is None
+    logger.record(*stats(Spec([5, 5, 5])))
+    names = {family.name for family in registry.collect()}
+    assert not names & {"tabletune_step_duration_seconds", "tabletune_decode_batch_size"}
 
 
 def test_starting_table_published_as_version_0(registry: CollectorRegistry) -> None:
@@ -154,3 +132,41 @@ def test_entry_point_needs_vllm_only_when_resolved() -> None:
         assert issubclass(metrics_entry.TableTuneStatLogger, StatLoggerBase)
     with pytest.raises(AttributeError):
         _ = metrics_entry.NoSuchThing
+
+
+def cells_read(started_at: float, steps: float) -> StepCellsRead:
+    totals = CellTotals(steps, steps * 0.02, steps * 0.0004, steps * 520, steps * 130)
+    return StepCellsRead({(3, 129, 136): totals}, 7.0, started_at)
+
+
+def test_step_cells_are_exported_as_the_engines_totals(registry: CollectorRegistry) -> None:
+    metrics = TableTuneMetrics.shared(registry)
+    cell = {"k": "3", "batch": "129-136"}
+    assert value(registry, "tabletune_steps_total", **cell) is None  # nothing read yet
+    engine = metrics.for_engine(model_name="qwen3-4b", engine="0")
+    engine.publish_steps(cells_read(1000.0, 50))
+    engine.publish_steps(cells_read(1000.0, 80))  # a later reading replaces the earlier one
+    assert value(registry, "tabletune_steps_total", **cell) == 80
+    assert value(registry, "tabletune_step_seconds_total", **cell) == pytest.approx(1.6)
+    assert value(registry, "tabletune_step_scheduled_requests_total", **cell) == 80 * 130
+    assert value(registry, "tabletune_steps_created", **cell) == 1000.0
+    assert value(registry, "tabletune_steps_without_decode_total") == 7
+    engine.publish_steps(cells_read(2000.0, 3))  # the engine restarted: totals go back
+    assert value(registry, "tabletune_steps_total", **cell) == 3
+    assert value(registry, "tabletune_steps_created", **cell) == 2000.0
+
+
+def test_each_engine_keeps_its_own_cells(registry: CollectorRegistry) -> None:
+    metrics = TableTuneMetrics.shared(registry)
+    metrics.for_engine(model_name="m", engine="0").publish_steps(cells_read(1.0, 5))
+    metrics.for_engine(model_name="m", engine="1").publish_steps(cells_read(1.0, 9))
+    labels = {"model_name": "m", "k": "3", "batch": "129-136"}
+    assert registry.get_sample_value("tabletune_steps_total", {**labels, "engine": "0"}) == 5
+    assert registry.get_sample_value("tabletune_steps_total", {**labels, "engine": "1"}) == 9
+
+
+def test_the_step_cell_names_are_reserved_in_a_describing_registry() -> None:
+    registry = CollectorRegistry(auto_describe=True)
+    TableTuneMetrics(registry)
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        Counter("tabletune_steps", "clash", registry=registry)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletune.plugin.policy import StepPolicy, hysteresis_masks
+from tabletune.plugin.policy import StepPolicy, hysteresis_masks, neighbour_table
 from tabletune.schemas.table import dense_lookup
 
 # k=3 up to B=8, k=1 from 9: one edge between 8 and 9.
@@ -92,3 +92,115 @@ def test_hysteresis_never_strays_more_than_h_from_where_the_table_says_k(
         clamped = min(b, len(lookup) - 1)
         window = lookup[max(1, clamped - h) : clamped + h + 1]
         assert k in window
+
+
+# Neighbour exploration: k=3 up to B=8, k=1 from 9; allowed 0, 1, 3.
+ALLOWED = (0, 1, 3)
+
+
+def test_neighbour_table_holds_the_adjacent_allowed_lengths_lower_first() -> None:
+    assert neighbour_table(ALLOWED, (0, 1, 2, 3)) == {0: (1,), 1: (0, 3), 2: (1, 3), 3: (1,)}
+    assert neighbour_table((3,), (3,)) == {3: ()}
+
+
+def test_neighbour_steps_alternate_lower_and_higher() -> None:
+    policy = StepPolicy(LOOKUP, explore_k=3, neighbour_interval=3, allowed_k=ALLOWED)
+    ks = [policy[12] for _ in range(12)]  # table k=1: neighbours 0 and 3
+    assert ks == [1, 1, 0, 1, 1, 3, 1, 1, 0, 1, 1, 3]
+    assert policy.neighbour_steps == 4 and policy.exploration_steps == 0
+
+
+def test_where_only_one_neighbour_exists_it_is_used() -> None:
+    policy = StepPolicy(LOOKUP, explore_k=3, neighbour_interval=2, allowed_k=ALLOWED)
+    assert [policy[4] for _ in range(6)] == [3, 1, 3, 1, 3, 1]  # k=3 is the longest allowed
+
+
+def test_no_neighbour_no_neighbour_step() -> None:
+    policy = StepPolicy([0, 3, 3], explore_k=3, neighbour_interval=1, allowed_k=(3,))
+    assert [policy[2] for _ in range(3)] == [3, 3, 3] and policy.neighbour_steps == 0
+
+
+def test_exploration_steps_take_precedence_over_neighbour_steps() -> None:
+    policy = StepPolicy(
+        LOOKUP, explore_k=3, exploration_interval=4, neighbour_interval=2, allowed_k=ALLOWED
+    )
+    assert [policy[12] for _ in range(8)] == [1, 0, 1, 3, 1, 3, 1, 3]
+    assert policy.exploration_steps == 2 and policy.neighbour_steps == 2
+
+
+def test_neighbour_step_does_not_become_the_held_k() -> None:
+    policy = StepPolicy(LOOKUP, explore_k=3, hysteresis=1, neighbour_interval=2, allowed_k=ALLOWED)
+    assert policy[12] == 1
+    assert policy[12] == 0  # neighbour
+    assert policy.previous_k == 1 and policy[12] == 1
+
+
+def test_neighbour_exploration_needs_the_allowed_k() -> None:
+    with pytest.raises(ValueError, match="allowed"):
+        StepPolicy(LOOKUP, explore_k=3, neighbour_interval=5)
+    with pytest.raises(ValueError):
+        StepPolicy(LOOKUP, explore_k=3, neighbour_interval=-1, allowed_k=ALLOWED)
+
+
+policy_inputs = st.fixed_dictionaries(
+    {
+        "allowed": st.sets(st.integers(min_value=0, max_value=5), min_size=1, max_size=4),
+        "length": st.integers(min_value=1, max_value=24),
+        "seed": st.integers(min_value=0, max_value=10_000),
+        "n1": st.integers(min_value=0, max_value=7),
+        "n2": st.integers(min_value=1, max_value=7),
+        "h": st.integers(min_value=0, max_value=3),
+        "batches": st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=60),
+    }
+)
+
+
+def _policy(d: dict) -> tuple[StepPolicy, list[int]]:
+    allowed = sorted(d["allowed"])
+    lookup = [0] + [allowed[(d["seed"] * (b + 7)) % len(allowed)] for b in range(d["length"])]
+    policy = StepPolicy(
+        lookup,
+        explore_k=max(allowed),
+        exploration_interval=d["n1"],
+        hysteresis=d["h"],
+        neighbour_interval=d["n2"],
+        allowed_k=allowed,
+    )
+    return policy, allowed
+
+
+@given(policy_inputs)
+def test_neighbour_k_is_always_an_allowed_k_adjacent_to_the_k_after_hysteresis(d: dict) -> None:
+    policy, allowed = _policy(d)
+    for b in d["batches"]:
+        neighbours_before = policy.neighbour_steps
+        k = policy[b]
+        held = policy.previous_k  # the table's k after hysteresis, for this step
+        assert held is not None
+        if policy.neighbour_steps > neighbours_before:
+            assert k in allowed
+            between = [a for a in allowed if min(k, held) < a < max(k, held)]
+            assert k != held and not between
+
+
+@given(policy_inputs)
+def test_exact_share_of_neighbour_steps(d: dict) -> None:
+    policy, allowed = _policy(d)
+    expected = 0
+    for step, b in enumerate(d["batches"], start=1):
+        policy[b]
+        held = policy.previous_k
+        explored = d["n1"] and step % d["n1"] == 0 and held != max(allowed)
+        if step % d["n2"] == 0 and not explored and len(allowed) > 1:
+            expected += 1
+    assert policy.neighbour_steps == expected
+
+
+@given(policy_inputs)
+def test_hysteresis_is_untouched_by_neighbour_steps(d: dict) -> None:
+    with_neighbours, _ = _policy(d)
+    without, _ = _policy({**d, "n2": 0})
+    for b in d["batches"]:
+        with_neighbours[b]
+        without[b]
+        assert with_neighbours.previous_k == without.previous_k

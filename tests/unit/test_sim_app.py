@@ -111,13 +111,11 @@ def test_metrics_match_the_plugins_families_and_vllms_names(harness: Harness) ->
     registry = CollectorRegistry()
     plugin = TableTuneMetrics(registry).for_engine(model_name="qwen3-4b", engine="0")
     spec = SimpleNamespace(num_drafts=4, num_draft_tokens=12, num_draft_tokens_per_pos=[4, 4, 4])
-    plugin.record_step(spec, [0.005] * 4, 0)
+    plugin.record_drafts(spec)
     plugin.publish_table([[1, 16, 3]], 1)
     theirs = families(generate_latest(registry).decode())
     plugin_names = {
         names.TT_DRAFT_TOKENS_PER_POS,
-        names.TT_DECODE_BATCH_SIZE,
-        names.TT_STEP_DURATION,
         names.TT_TABLE_VERSION,
         names.TT_TABLE_RANGE_K,
         names.TT_EXPLORATION_STEPS,

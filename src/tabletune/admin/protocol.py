@@ -23,8 +23,17 @@ class TableView(BaseModel):
     max_num_seqs: int = Field(ge=1)
     exploration_interval: int = Field(ge=0, description="one step at K every N steps; 0 = off")
     hysteresis: int = Field(ge=0, description="keep k while B is within h of a table edge")
+    neighbour_interval: int = Field(
+        default=0, ge=0, description="one step at a k next to the table's every N steps; 0 = off"
+    )
+    step_timing: bool = Field(
+        default=True, description="false: no per-step work (step timing, exploration, hysteresis)"
+    )
     exploration_steps: int = Field(
         default=0, ge=0, description="steps run at the longest k by exploration, since start"
+    )
+    neighbour_steps: int = Field(
+        default=0, ge=0, description="steps run at a neighbouring k, since start"
     )
     plugin_version: str
     engine_version: str
@@ -51,6 +60,8 @@ class SettingsPut(BaseModel):
 
     exploration_interval: int | None = Field(default=None, ge=0, le=1_000_000)
     hysteresis: int | None = Field(default=None, ge=0, le=100_000)
+    neighbour_interval: int | None = Field(default=None, ge=0, le=1_000_000)
+    step_timing: bool | None = None
 
 
 class ErrorBody(BaseModel):

@@ -47,6 +47,8 @@ class TableState:
     version: int = 0
     exploration_interval: int = 0
     hysteresis: int = 0
+    neighbour_interval: int = 0
+    step_timing: bool = True
     lookup: tuple[int, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -121,6 +123,12 @@ class TableState:
                 else body.exploration_interval
             ),
             hysteresis=self.hysteresis if body.hysteresis is None else body.hysteresis,
+            neighbour_interval=(
+                self.neighbour_interval
+                if body.neighbour_interval is None
+                else body.neighbour_interval
+            ),
+            step_timing=self.step_timing if body.step_timing is None else body.step_timing,
             version=self.version + 1,
         )
 
@@ -142,6 +150,8 @@ class TableState:
             max_num_seqs=self.max_num_seqs,
             exploration_interval=self.exploration_interval,
             hysteresis=self.hysteresis,
+            neighbour_interval=self.neighbour_interval,
+            step_timing=self.step_timing,
             plugin_version=plugin_version,
             engine_version=engine_version,
             model_name=model_name,

@@ -3,6 +3,8 @@
 ``EngineTableController`` runs inside the engine-core process. vLLM calls the utility methods
 between scheduler steps on the engine thread, so a change is one attribute assignment
 (``install``) that the next step sees whole. Every refusal leaves state and lookup untouched.
+The ``step_timing`` setting switches all per-step work of the plugin at once: the step timer
+(when one is given) and the ``StepPolicy`` (a plain list is installed while it is off).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from tabletune import __version__
 from tabletune.admin.protocol import SettingsPut, TablePut, TableView, describe_problems
 from tabletune.admin.state import AdminError, TableState
 from tabletune.plugin.policy import StepPolicy
+from tabletune.plugin.step_timer import StepTimer
 from tabletune.plugin.wire import error_envelope, ok_envelope
 
 # What goes into Scheduler.dynamic_sd_lookup: a plain list, or a policy read once per step.
@@ -33,13 +36,18 @@ class EngineTableController:
         *,
         engine_version: str,
         model_name: str | None = None,
+        timer: StepTimer | None = None,
     ) -> None:
         self._state = state
         self._install = install
+        self._timer = timer
         self._policy: StepPolicy | None = None
         self._retired_exploration_steps = 0
+        self._retired_neighbour_steps = 0
         self.engine_version = engine_version
         self.model_name = model_name
+        if timer is not None:
+            timer.set_enabled(state.step_timing)
 
     @property
     def state(self) -> TableState:
@@ -50,13 +58,23 @@ class EngineTableController:
         live = self._policy.exploration_steps if self._policy is not None else 0
         return self._retired_exploration_steps + live
 
+    @property
+    def neighbour_steps(self) -> int:
+        live = self._policy.neighbour_steps if self._policy is not None else 0
+        return self._retired_neighbour_steps + live
+
     def view(self) -> TableView:
         view = self._state.view(
             plugin_version=__version__,
             engine_version=self.engine_version,
             model_name=self.model_name,
         )
-        return view.model_copy(update={"exploration_steps": self.exploration_steps})
+        return view.model_copy(
+            update={
+                "exploration_steps": self.exploration_steps,
+                "neighbour_steps": self.neighbour_steps,
+            }
+        )
 
     # The three utility calls: plain dicts in and out (they cross a process boundary).
 
@@ -92,15 +110,20 @@ class EngineTableController:
 
     def _swap(self, state: TableState) -> None:
         self._state = state
+        if self._timer is not None:
+            self._timer.set_enabled(state.step_timing)
         if not state.dynamic:
             return  # static k: nothing in the scheduler to replace (settings are recorded only)
         previous = self._policy
-        if state.exploration_interval or state.hysteresis:
+        per_step = state.exploration_interval or state.hysteresis or state.neighbour_interval
+        if state.step_timing and per_step:
             policy = StepPolicy(
                 state.lookup,
                 explore_k=max(state.allowed_k),
                 exploration_interval=state.exploration_interval,
                 hysteresis=state.hysteresis,
+                neighbour_interval=state.neighbour_interval,
+                allowed_k=state.allowed_k,
                 steps=previous.steps if previous is not None else 0,
                 previous_k=previous.previous_k if previous is not None else None,
             )
@@ -111,3 +134,4 @@ class EngineTableController:
             self._policy = None
         if previous is not None:
             self._retired_exploration_steps += previous.exploration_steps
+            self._retired_neighbour_steps += previous.neighbour_steps

@@ -4,10 +4,12 @@
 every process (API server, engine core, workers). It
 
 1. wraps ``CudaGraphManager._init_candidates`` (the 0.26.0 start-up crash, see compat.py);
-2. adds three utility methods to ``EngineCore`` that the API server reaches with
-   ``engine_client.engine_core.call_utility_async(name, *args)``; they read and replace
+2. adds utility methods to ``EngineCore`` that the API server reaches with
+   ``engine_client.engine_core.call_utility_async(name, *args)``; three read and replace
    ``Scheduler.dynamic_sd_lookup`` (index = batch size, read once per step in
-   ``Scheduler.schedule``) through a pure ``EngineTableController``.
+   ``Scheduler.schedule``) through a pure ``EngineTableController``, one returns the step cells;
+3. wraps ``Scheduler.update_from_output`` (called once per executed step, in order, on the
+   engine thread) to time every step into its cell (the pure ``StepTimer``, step_timer.py).
 
 Every vLLM import is inside a function: this module imports without vLLM installed.
 Env: ``TABLETUNE_COMPAT_FIX=0`` leaves the crash in place (to show it).
@@ -17,15 +19,21 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 from tabletune.admin.state import TableState
 from tabletune.plugin.compat import is_affected_version, wrap_init_candidates
 from tabletune.plugin.controller import EngineTableController, Lookup
-from tabletune.plugin.wire import GET_TABLE, PUT_SETTINGS, PUT_TABLE
+from tabletune.plugin.step_timer import StepTimer
+from tabletune.plugin.wire import GET_STEP_CELLS, GET_TABLE, PUT_SETTINGS, PUT_TABLE
 
 LOGGER = logging.getLogger("vllm.tabletune.engine")
 CONTROLLER_ATTR = "_tabletune_controller"
+TIMER_ATTR = "_tabletune_step_timer"
+TIMED_MARK = "_tabletune_step_timing"
 
 
 def register() -> None:
@@ -41,6 +49,7 @@ def register() -> None:
         if os.environ.get("TABLETUNE_COMPAT_FIX", "1") != "0":
             _apply_compat_fix()
         _add_engine_utilities()
+        _add_step_timing()
     except ImportError as error:
         LOGGER.warning("tabletune: vLLM internals not importable here (%s); inactive", error)
 
@@ -64,12 +73,60 @@ def _add_engine_utilities() -> None:
     def put_settings(self: Any, body: dict[str, Any], if_match: int | None) -> dict[str, Any]:
         return controller_of(self).put_settings(body, if_match)
 
+    def get_step_cells(self: Any) -> dict[str, Any]:
+        return step_timer_of(self.scheduler).to_wire()
+
     for name, method in (
         (GET_TABLE, get_table),
         (PUT_TABLE, put_table),
         (PUT_SETTINGS, put_settings),
+        (GET_STEP_CELLS, get_step_cells),
     ):
         setattr(EngineCore, name, method)
+
+
+def _add_step_timing() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler  # AsyncScheduler inherits the method
+
+    Scheduler.update_from_output = wrap_update_from_output(Scheduler.update_from_output)
+
+
+UpdateFromOutput = Callable[[Any, Any, Any], Any]
+
+
+def wrap_update_from_output(original: UpdateFromOutput) -> UpdateFromOutput:
+    """``update_from_output`` that hands each step to the scheduler's ``StepTimer``: its start
+    time, what was scheduled, and whether the scheduler was left without requests."""
+    if getattr(original, TIMED_MARK, False):
+        return original  # general plugins may load more than once per process
+
+    @wraps(original)
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
+        timer = step_timer_of(self)
+        if not timer.enabled:
+            return original(self, scheduler_output, model_runner_output)
+        now = time.perf_counter()  # the step's results are ready: this call follows at once
+        outputs = original(self, scheduler_output, model_runner_output)
+        timer.on_step(
+            now,
+            scheduler_output.num_scheduled_tokens,
+            scheduler_output.total_num_scheduled_tokens,
+            scheduler_output.scheduled_spec_decode_tokens,
+            idle_after=not self.has_requests(),
+        )
+        return outputs
+
+    setattr(update_from_output, TIMED_MARK, True)
+    return update_from_output
+
+
+def step_timer_of(scheduler: Any) -> StepTimer:
+    """The scheduler's step timer, made on first use (its first step or first utility call)."""
+    found: StepTimer | None = scheduler.__dict__.get(TIMER_ATTR)
+    if found is None:
+        found = StepTimer(started_at=time.time())
+        setattr(scheduler, TIMER_ATTR, found)
+    return found
 
 
 def controller_of(core: Any) -> EngineTableController:
@@ -104,4 +161,5 @@ def build_controller(core: Any, *, engine_version: str) -> EngineTableController
         install,
         engine_version=engine_version,
         model_name=None if model_name is None else str(model_name),
+        timer=step_timer_of(scheduler),
     )

@@ -13,20 +13,37 @@ from typing import Any
 
 from tabletune.admin.protocol import SettingsPut, TablePut, TableView
 from tabletune.admin.state import AdminError
-from tabletune.plugin.wire import GET_TABLE, PUT_SETTINGS, PUT_TABLE, view_from_envelope
+from tabletune.plugin.wire import (
+    GET_STEP_CELLS,
+    GET_TABLE,
+    PUT_SETTINGS,
+    PUT_TABLE,
+    StepCellsRead,
+    step_cells_from_answer,
+    view_from_envelope,
+)
 
 UtilityCall = Callable[..., Awaitable[Any]]
 ViewListener = Callable[[TableView], None]
+StepsListener = Callable[[StepCellsRead], None]
 
 LOGGER = logging.getLogger("vllm.tabletune.http")
 
 
 class EngineUtilityBackend:
-    """Calls the engine side's utility methods; every answer's view goes to ``on_view``."""
+    """Calls the engine side's utility methods; every answer's view goes to ``on_view``, every
+    step-cell read to ``on_steps``."""
 
-    def __init__(self, call: UtilityCall, *, on_view: ViewListener | None = None) -> None:
+    def __init__(
+        self,
+        call: UtilityCall,
+        *,
+        on_view: ViewListener | None = None,
+        on_steps: StepsListener | None = None,
+    ) -> None:
         self._call = call
         self._on_view = on_view
+        self._on_steps = on_steps
 
     async def get_view(self) -> TableView:
         return await self._invoke(GET_TABLE)
@@ -37,9 +54,21 @@ class EngineUtilityBackend:
     async def put_settings(self, body: SettingsPut, if_match: int | None) -> TableView:
         return await self._invoke(PUT_SETTINGS, body.model_dump(exclude_none=True), if_match)
 
+    async def get_step_cells(self) -> StepCellsRead:
+        read = step_cells_from_answer(await self._ask(GET_STEP_CELLS))
+        if self._on_steps is not None:
+            self._on_steps(read)
+        return read
+
     async def _invoke(self, name: str, *args: object) -> TableView:
+        view = view_from_envelope(await self._ask(name, *args))
+        if self._on_view is not None:
+            self._on_view(view)
+        return view
+
+    async def _ask(self, name: str, *args: object) -> object:
         try:
-            envelope = await self._call(name, *args)
+            return await self._call(name, *args)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # vLLM raises a bare Exception for a failed utility call
@@ -47,10 +76,6 @@ class EngineUtilityBackend:
                 503,
                 f"engine did not answer {name} ({error}); is tabletune_engine in VLLM_PLUGINS?",
             ) from None
-        view = view_from_envelope(envelope)
-        if self._on_view is not None:
-            self._on_view(view)
-        return view
 
 
 async def sync_views(
@@ -60,13 +85,19 @@ async def sync_views(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     max_rounds: int | None = None,
 ) -> None:
-    """Read the engine's view every ``interval_s`` so the gauges follow the engine (and count
-    exploration steps) even when nobody calls the API. A failed read is logged; the loop goes on."""
+    """Read the engine's view and step cells every ``interval_s`` so the gauges, the exploration
+    counters and the step cells follow the engine even when nobody calls the API. A failed or
+    malformed read is logged and skipped; the loop goes on."""
     rounds = 0
     while max_rounds is None or rounds < max_rounds:
         rounds += 1
-        try:
-            await backend.get_view()
-        except AdminError as error:
-            LOGGER.debug("tabletune: engine view not read: HTTP %s %s", error.status, error.detail)
+        for read in (backend.get_view, backend.get_step_cells):
+            try:
+                await read()
+            except AdminError as error:
+                # 502: the engine answered nonsense (a bug worth seeing); else it did not answer.
+                level = logging.WARNING if error.status == 502 else logging.DEBUG
+                LOGGER.log(
+                    level, "tabletune: engine not read: HTTP %s %s", error.status, error.detail
+                )
         await sleep(interval_s)

@@ -24,6 +24,7 @@ from tabletune.plugin.metrics_core import TableTuneMetrics
 LOGGER = logging.getLogger("vllm.tabletune.http")
 TOKEN_ENV = "TABLETUNE_ADMIN_TOKEN"
 SYNC_ENV = "TABLETUNE_SYNC_INTERVAL_S"
+DEFAULT_SYNC_INTERVAL_S = "1"  # how fresh the exported step cells are (one small call a second)
 STATE_BACKEND = "tabletune_backend"
 STATE_SYNC_TASK = "tabletune_sync_task"
 
@@ -56,10 +57,12 @@ class TableTuneEndpoint:
         # The API server talks to engine 0 (vLLM answers utility calls from the first engine).
         engine_metrics = metrics.for_engine(model_name=model_name, engine="0")
         backend = EngineUtilityBackend(
-            engine_client.engine_core.call_utility_async, on_view=engine_metrics.publish_view
+            engine_client.engine_core.call_utility_async,
+            on_view=engine_metrics.publish_view,
+            on_steps=engine_metrics.publish_steps,
         )
         setattr(state, STATE_BACKEND, backend)
-        interval = float(os.environ.get(SYNC_ENV, "5"))
+        interval = float(os.environ.get(SYNC_ENV, DEFAULT_SYNC_INTERVAL_S))
         if interval > 0:
             task = asyncio.get_running_loop().create_task(
                 sync_views(backend, interval_s=interval), name="tabletune-sync"

@@ -4,7 +4,8 @@ vLLM requires the entry point to be a ``StatLoggerBase`` subclass, so the class 
 first access (module ``__getattr__``) from vLLM's base; everything it does is in
 ``metrics_core`` and testable without vLLM via ``make_stat_logger_class(any_base)``.
 vLLM calls ``record`` once per engine step with that step's ``SchedulerStats`` and
-``IterationStats``.
+``IterationStats``; only the per-position draft counts are read here (step times are counted
+in the engine core, see step_timer.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def make_stat_logger_class(base: type, registry: CollectorRegistry = REGISTRY) -
     ``registry`` (by default the one vLLM's ``/metrics`` serves in the API-server process)."""
 
     class TableTuneStatLogger(base):  # type: ignore[misc]
-        """Per-position draft counts, decode batch sizes, step durations by (k, B bucket)."""
+        """Per-position draft counts and the starting table's gauges."""
 
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             spec = vllm_config.speculative_config
@@ -42,16 +43,8 @@ def make_stat_logger_class(base: type, registry: CollectorRegistry = REGISTRY) -
             mm_cache_stats: Any = None,
             engine_idx: int = 0,
         ) -> None:
-            if iteration_stats is None and scheduler_stats is None:
-                return
-            spec = None if scheduler_stats is None else scheduler_stats.spec_decoding_stats
-            latencies = (
-                () if iteration_stats is None else iteration_stats.inter_token_latencies_iter
-            )
-            first_tokens = (
-                0 if iteration_stats is None else len(iteration_stats.time_to_first_tokens_iter)
-            )
-            self._metrics.record_step(spec, latencies, first_tokens)
+            if scheduler_stats is not None:
+                self._metrics.record_drafts(scheduler_stats.spec_decoding_stats)
 
         def log_engine_initialized(self) -> None:
             pass

@@ -4,21 +4,24 @@ Names and labels come from ``tabletune.metric_names``; label order and HELP styl
 0.26's own spec-decode metrics (``model_name``, ``engine``, then ``position``). Metrics register
 into the registry vLLM's ``/metrics`` serves (prometheus_client's default one in the API-server
 process); vLLM builds one stat logger per engine, so families are made once per registry.
+Step times are not measured here: the engine core counts them (step_timer.py) and the HTTP
+side's sync loop hands each reading to ``EngineMetrics.publish_steps``.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from tabletune import metric_names as names
 from tabletune.admin.protocol import TableView
+from tabletune.plugin.step_metrics import EngineSteps, StepCellCollector
+from tabletune.plugin.wire import StepCellsRead
 
-# Step durations of interest: ~4 ms (B=1) to ~30 ms (B=256) on an H200, with tails.
+# Kept for the emulator until it moves to step cells (sim/engine.py and sim/metrics.py import it).
 STEP_DURATION_BUCKETS: tuple[float, ...] = (
     0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.01, 0.0125, 0.015, 0.0175, 0.02,
     0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
@@ -28,43 +31,9 @@ ENGINE_LABELS = [names.LABEL_MODEL, names.LABEL_ENGINE]
 
 
 class SpecStatsLike(Protocol):
-    """The fields of vLLM's ``SpecDecodingStats`` this plugin reads."""
+    """The field of vLLM's ``SpecDecodingStats`` this plugin reads."""
 
-    num_drafts: int
-    num_draft_tokens: int
     num_draft_tokens_per_pos: list[int]
-
-
-@dataclass(frozen=True)
-class StepSample:
-    """One pure-decode step as the API process sees it."""
-
-    batch_size: int
-    k: int
-    duration_s: float
-
-
-def step_sample(
-    spec: SpecStatsLike | None, inter_token_latencies: Sequence[float], num_first_tokens: int
-) -> StepSample | None:
-    """The step behind one engine output, or None when it cannot be attributed cleanly.
-
-    Every decode request of a step gets a token stamped with the same engine-core time, so the
-    smallest inter-token latency is the time since the previous step's output: the step
-    duration. Steps that finished a prefill, or mixed draft lengths, are left out (they are not
-    the (B, k) cells a profile holds).
-    """
-    if not inter_token_latencies or num_first_tokens:
-        return None
-    k = 0
-    if spec is not None and spec.num_drafts:
-        if spec.num_draft_tokens % spec.num_drafts:
-            return None
-        k = spec.num_draft_tokens // spec.num_drafts
-    duration = min(inter_token_latencies)
-    if duration <= 0:
-        return None
-    return StepSample(batch_size=len(inter_token_latencies), k=k, duration_s=duration)
 
 
 class TableTuneMetrics:
@@ -80,21 +49,6 @@ class TableTuneMetrics:
             names.TT_DRAFT_TOKENS_PER_POS,
             "Draft tokens per draft position.",
             labelnames=[*ENGINE_LABELS, names.LABEL_POSITION],
-            registry=registry,
-        )
-        self.decode_batch_size = Histogram(
-            names.TT_DECODE_BATCH_SIZE,
-            "Number of decode requests per engine step.",
-            labelnames=ENGINE_LABELS,
-            buckets=names.BATCH_SIZE_BUCKETS,
-            registry=registry,
-        )
-        self.step_duration = Histogram(
-            names.TT_STEP_DURATION,
-            "Histogram of pure-decode engine step durations in seconds, by draft length and "
-            "batch-size bucket.",
-            labelnames=[*ENGINE_LABELS, names.LABEL_K, names.LABEL_BATCH_BUCKET],
-            buckets=STEP_DURATION_BUCKETS,
             registry=registry,
         )
         self.table_version = Gauge(
@@ -117,6 +71,8 @@ class TableTuneMetrics:
             labelnames=ENGINE_LABELS,
             registry=registry,
         )
+        self.step_cells = StepCellCollector()
+        registry.register(self.step_cells)
 
     @classmethod
     def shared(cls, registry: CollectorRegistry = REGISTRY) -> TableTuneMetrics:
@@ -130,14 +86,12 @@ class TableTuneMetrics:
 
 
 class EngineMetrics:
-    """One engine's label-bound children; ``record_step`` runs once per engine step."""
+    """One engine's label-bound children; ``record_drafts`` runs once per engine step."""
 
     def __init__(self, metrics: TableTuneMetrics, *, model_name: str, engine: str) -> None:
         self._metrics = metrics
         self._labels = (model_name, engine)
         self._per_pos: list[Counter] = []
-        self._batch_size = metrics.decode_batch_size.labels(*self._labels)
-        self._durations: dict[tuple[int, int], Histogram] = {}
         self._version = metrics.table_version.labels(*self._labels)
         self._exploration = metrics.exploration_steps.labels(*self._labels)
         self._ranges: set[tuple[str, str]] = set()
@@ -149,30 +103,21 @@ class EngineMetrics:
             position = str(len(self._per_pos))
             self._per_pos.append(self._metrics.draft_tokens_per_pos.labels(*self._labels, position))
 
-    def record_step(
-        self,
-        spec: SpecStatsLike | None,
-        inter_token_latencies: Sequence[float],
-        num_first_tokens: int,
-    ) -> None:
-        if spec is not None:
-            per_pos = spec.num_draft_tokens_per_pos
-            self.ensure_positions(len(per_pos))
-            for counter, drafted in zip(self._per_pos, per_pos, strict=False):
-                if drafted:
-                    counter.inc(drafted)
-        sample = step_sample(spec, inter_token_latencies, num_first_tokens)
-        if sample is None:
+    def record_drafts(self, spec: SpecStatsLike | None) -> None:
+        """One step's draft tokens per position (vLLM publishes only the accepted ones)."""
+        if spec is None:
             return
-        self._batch_size.observe(sample.batch_size)
-        # Histograms keyed by (k, power-of-two bucket low bound): one dict lookup per step.
-        key = (sample.k, 1 << (sample.batch_size.bit_length() - 1))
-        child = self._durations.get(key)
-        if child is None:
-            child = self._durations[key] = self._metrics.step_duration.labels(
-                *self._labels, str(sample.k), names.batch_bucket(sample.batch_size)
-            )
-        child.observe(sample.duration_s)
+        per_pos = spec.num_draft_tokens_per_pos
+        self.ensure_positions(len(per_pos))
+        for counter, drafted in zip(self._per_pos, per_pos, strict=False):
+            if drafted:
+                counter.inc(drafted)
+
+    def publish_steps(self, read: StepCellsRead) -> None:
+        """The engine's step-cell totals as last read (a restart shows as a new ``_created``)."""
+        self._metrics.step_cells.update(
+            EngineSteps(self._labels, read.cells, read.steps_without_decode, read.started_at)
+        )
 
     def publish_table(self, ranges: Iterable[Sequence[int]] | None, version: int) -> None:
         self._version.set(version)

@@ -1,14 +1,15 @@
-"""Per-step draft-length decision: the table, plus exploration and edge hysteresis. Pure.
+"""Per-step draft-length decision: the table, plus exploration, neighbour exploration and edge
+hysteresis. Pure.
 
 vLLM 0.26's scheduler reads ``Scheduler.dynamic_sd_lookup[batch_size]`` exactly once per
 scheduled step (``Scheduler.schedule``). Installing a ``StepPolicy`` there instead of the plain
 dense list makes both behaviours act per step without patching vLLM code: the read *is* the hook.
-With both off the engine side installs a plain list, so the default costs nothing.
+With all off the engine side installs a plain list, so the default costs nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def hysteresis_masks(lookup: Sequence[int], hysteresis: int) -> tuple[int, ...]:
@@ -41,15 +42,32 @@ def hysteresis_masks(lookup: Sequence[int], hysteresis: int) -> tuple[int, ...]:
     return tuple(masks)
 
 
+def neighbour_table(allowed_k: Iterable[int], ks: Iterable[int]) -> dict[int, tuple[int, ...]]:
+    """For each k of ``ks``: its neighbours among ``allowed_k``, next-lower first, then
+    next-higher (either may be missing; none when k is the only allowed length)."""
+    allowed = sorted(set(allowed_k))
+    out = {}
+    for k in set(ks):
+        lower = [a for a in allowed if a < k]
+        higher = [a for a in allowed if a > k]
+        out[k] = (*lower[-1:], *higher[:1])
+    return out
+
+
 class StepPolicy:
     """Stands in for vLLM's dense lookup: ``policy[batch_size]`` is the k for this step.
 
     - Exploration (``exploration_interval`` N > 0): every N-th step runs at ``explore_k`` (the
       longest captured k), so positions above the table's k keep being observed.
+    - Neighbour exploration (``neighbour_interval`` N2 > 0): every N2-th step that is not an
+      exploration step runs at an allowed k next to the table's k, alternating next-lower and
+      next-higher (the one that exists where there is one), so the live step time of the k the
+      table does not use keeps being measured next to the one it does.
     - Hysteresis (h > 0): keep the k of the previous step while the batch size is within h of a
       batch size where the table uses that k, so a load hovering at an edge does not flip k.
 
-    Each read counts as one scheduled step; only the scheduler's single read per step may use it.
+    Exploration and neighbour steps never become hysteresis's previous k. Each read counts as
+    one scheduled step; only the scheduler's single read per step may use it.
     """
 
     __slots__ = (
@@ -58,8 +76,11 @@ class StepPolicy:
         "_last",
         "_lookup",
         "_masks",
+        "_neighbour_interval",
+        "_neighbours",
         "_previous_k",
         "exploration_steps",
+        "neighbour_steps",
         "steps",
     )
 
@@ -70,21 +91,29 @@ class StepPolicy:
         explore_k: int,
         exploration_interval: int = 0,
         hysteresis: int = 0,
+        neighbour_interval: int = 0,
+        allowed_k: Iterable[int] = (),
         steps: int = 0,
         previous_k: int | None = None,
     ) -> None:
         if len(lookup) < 2:
             raise ValueError("lookup must cover batch size 1 (index 0 is unused)")
-        if exploration_interval < 0 or hysteresis < 0:
-            raise ValueError("exploration_interval and hysteresis must be >= 0")
+        if exploration_interval < 0 or hysteresis < 0 or neighbour_interval < 0:
+            raise ValueError("exploration_interval, hysteresis, neighbour_interval must be >= 0")
+        allowed = frozenset(allowed_k)
+        if neighbour_interval and not allowed:
+            raise ValueError("neighbour exploration needs the allowed k")
         self._lookup = tuple(lookup)
         self._last = len(lookup) - 1
         self._explore_k = explore_k
         self._interval = exploration_interval
         self._masks = hysteresis_masks(self._lookup, hysteresis) if hysteresis else None
+        self._neighbour_interval = neighbour_interval
+        self._neighbours = neighbour_table(allowed, {*self._lookup[1:], *allowed})
         self._previous_k = previous_k
         self.steps = steps
         self.exploration_steps = 0
+        self.neighbour_steps = 0
 
     def __len__(self) -> int:
         return len(self._lookup)
@@ -103,9 +132,16 @@ class StepPolicy:
             k = previous
         self._previous_k = k
         if self._interval and self.steps % self._interval == 0 and k != self._explore_k:
-            # The exploration step does not become the "previous k" of hysteresis.
             self.exploration_steps += 1
             return self._explore_k
+        if self._neighbour_interval and self.steps % self._neighbour_interval == 0:
+            neighbours = self._neighbours[k]
+            if neighbours:
+                # Alternate: even-numbered neighbour steps take the first (lower where there is
+                # one), odd ones the last (higher where there is one).
+                pick = neighbours[-1] if self.neighbour_steps & 1 else neighbours[0]
+                self.neighbour_steps += 1
+                return pick
         return k
 
     @property

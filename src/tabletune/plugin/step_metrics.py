@@ -4,14 +4,16 @@ The engine core counts the cells (``tabletune.step_cells.StepCellCounter``); the
 and the emulator both publish them through ``step_cell_families``, so the two expose the same
 names, labels and types by construction. Values are totals since the engine started, with
 ``_created`` = that start, so a restart shows exactly as vLLM's own counters do.
+``StepCellCollector`` holds the latest reading per engine for a registry (the HTTP side's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client.metrics_core import CounterMetricFamily
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from tabletune import metric_names as names
 from tabletune.step_cells import StepCells, cell_label
@@ -61,3 +63,25 @@ def step_cell_families(engines: Iterable[EngineSteps]) -> list[CounterMetricFami
             list(engine.label_values), engine.steps_without_decode, created=engine.created
         )
     return [*families, without]
+
+
+class StepCellCollector(Collector):
+    """Exposes the latest step cells read from each engine (one collector per registry).
+
+    ``update`` replaces an engine's reading whole (the sync loop, every round); a scrape sees
+    each engine's latest totals. Before the first reading there is nothing to expose.
+    """
+
+    def __init__(self) -> None:
+        self._latest: dict[tuple[str, str], EngineSteps] = {}
+
+    def update(self, engine: EngineSteps) -> None:
+        self._latest[engine.label_values] = engine
+
+    def collect(self) -> Iterator[Metric]:
+        engines = list(self._latest.values())  # one snapshot: updates replace entries whole
+        if engines:
+            yield from step_cell_families(engines)
+
+    def describe(self) -> Iterator[Metric]:
+        yield from step_cell_families([])  # reserves the names in the registry

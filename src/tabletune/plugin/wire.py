@@ -8,17 +8,21 @@ so a 409/422 decided in the engine reaches the client with its status and reason
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from tabletune.admin.protocol import TableView
 from tabletune.admin.state import AdminError
+from tabletune.step_cells import CellKey, CellTotals, cells_from_wire
 
 # EngineCore methods added by the engine side (tabletune.plugin.engine).
 GET_TABLE = "tabletune_get_table"
 PUT_TABLE = "tabletune_put_table"
 PUT_SETTINGS = "tabletune_put_settings"
+GET_STEP_CELLS = "tabletune_get_step_cells"
 
 
 def ok_envelope(view: TableView) -> dict[str, Any]:
@@ -40,3 +44,29 @@ def view_from_envelope(envelope: object) -> TableView:
         return TableView.model_validate(envelope.get("view"))
     except ValidationError as error:
         raise AdminError(502, f"malformed view from the engine: {error}") from None
+
+
+@dataclass(frozen=True)
+class StepCellsRead:
+    """The engine's step cells as ``tabletune_get_step_cells`` answered them (totals)."""
+
+    cells: dict[CellKey, CellTotals]
+    steps_without_decode: float
+    started_at: float  # wall time the engine's counts start from
+
+
+def step_cells_from_answer(answer: object) -> StepCellsRead:
+    """The step cells in an engine answer (``StepTimer.to_wire``); 502 when malformed."""
+    try:
+        cells, without = cells_from_wire(answer)
+    except ValueError as error:
+        raise AdminError(502, f"malformed step cells from the engine: {error}") from None
+    started = answer.get("started_at") if isinstance(answer, dict) else None
+    if (
+        isinstance(started, bool)
+        or not isinstance(started, int | float)
+        or not math.isfinite(started)
+        or started < 0
+    ):
+        raise AdminError(502, f"malformed step cells from the engine: started_at={started!r:.60}")
+    return StepCellsRead(cells, without, float(started))

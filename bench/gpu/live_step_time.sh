@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Live step time on real vLLM 0.26.0 (one H200), ONE launch, under 9 minutes including start-up:
+# fixed k=2 vs k=3 throughput next to the plugin's engine-side step cells, the plugin's counters
+# against vLLM's, the step-timing overhead A/B, and neighbour exploration (live_step_time.py).
+#
+# Usage, on the GPU host from the repository root, after `source .gpu-bundle/p3/device-setup.sh`
+# (shared/gpu/README.md) with this branch's wheel in .gpu-bundle/p3/:
+#     bash bench/gpu/live_step_time.sh
+# Preparing the wheel here (this machine reaches PyPI, the GPU host does not):
+#     .venv/bin/pip wheel --no-deps -w .gpu-bundle/p3/ .
+# Results under $OUT: live_step_time.json (meta, every window's raw row, the counters, summary),
+# live_step_time_h200.json (the report's goals), live_step_time_vllm_log.txt (log excerpt),
+# live_step_time_run_log.txt (this script's output). Then, here:
+#     .venv/bin/python bench/gpu/live_step_time_report.py live_step_time.json
+# writes bench/results/live_step_time_h200.json.
+#
+# Set-up: dummy Qwen3-4B + EAGLE-3 shapes, V2 runner, K=3, starting table [[1,1,0],[2,2,1],
+# [3,3,2],[4,256,3]] (every k captured), synthetic acceptance 0.75/0.55/0.40, max_num_seqs 256,
+# all three plugin entry points, sync every 1 s, 128 closed-loop clients sending token ids.
+# Env: OUT (/tmp/live-step-time), MODELS (/tmp/models), WHEEL (the newest
+# .gpu-bundle/p3/tabletune-*.whl; "none": the tabletune already importable), BUDGET_S (525: this
+# script from start to the report), PORT (8000), COMMIT (git rev-parse HEAD; pass it where the
+# checkout has no .git, else "unknown"), SERVER_MODULE (vLLM's api_server), DRIVER_ARGS (more
+# flags for live_step_time.py). A CPU dry run of this script against the plugin-based stand-in
+# (about a minute):
+#     WHEEL=none SERVER_MODULE=tests.support.vllm_stand_in PYTHONPATH=src:. BUDGET_S=200 \
+#     DRIVER_ARGS="--clients 6 --warmup-s 1 --window-s 0.8 --settle-s 1.0 --rounds 2 \
+#       --overhead-rounds 3 --neighbour-interval 4 --neighbour-window-s 1.2" \
+#     TABLETUNE_SYNC_INTERVAL_S=0.2 bash bench/gpu/live_step_time.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+started=$(date +%s)
+OUT=${OUT:-/tmp/live-step-time}
+MODELS=${MODELS:-/tmp/models}
+WHEEL=${WHEEL:-$(ls -t .gpu-bundle/p3/tabletune-*.whl 2>/dev/null | head -1)}
+SERVER_MODULE=${SERVER_MODULE:-vllm.entrypoints.openai.api_server}
+SYNC_S=${TABLETUNE_SYNC_INTERVAL_S:-1}
+BUDGET_S=${BUDGET_S:-525}
+PORT=${PORT:-8000}
+COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/live_step_time_run_log.txt") 2>&1
+export PYTHONUNBUFFERED=1
+work=$(mktemp -d /tmp/tt-live.XXXXXX)
+
+# TableTune (entry points included) into a private site dir, first on the path.
+if [[ $WHEEL != none ]]; then
+  [[ -f $WHEEL ]] || { echo "no tabletune wheel (WHEEL=$WHEEL)" >&2; exit 2; }
+  python3 -m pip install -q --no-deps --no-index --no-compile --target "$work/site" "$WHEEL" \
+    || exit 2
+  export PYTHONPATH="$work/site:${PYTHONPATH:-}"
+fi
+python3 -c 'import tabletune.plugin.step_timer' || { echo "tabletune not importable" >&2; exit 2; }
+
+TABLE='[[1,1,0],[2,2,1],[3,3,2],[4,256,3]]'
+RATES='[0.75,0.55,0.40]'
+SPEC="{\"method\":\"eagle3\",\"model\":\"$MODELS/qwen3-4b-eagle3\",\"num_speculative_tokens\":3,\"num_speculative_tokens_per_batch_size\":$TABLE,\"rejection_sample_method\":\"synthetic\",\"synthetic_acceptance_rates\":$RATES}"
+ARGS=(--model "$MODELS/qwen3-4b" --served-model-name qwen3-4b --load-format dummy
+      --skip-tokenizer-init --max-num-seqs 256 --max-model-len 4096 --port "$PORT"
+      --speculative-config "$SPEC")
+
+# vLLM in its own process group, so it is stopped by its id.
+env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics VLLM_USE_V2_MODEL_RUNNER=1 \
+  TABLETUNE_SYNC_INTERVAL_S="$SYNC_S" setsid python3 -m "$SERVER_MODULE" "${ARGS[@]}" \
+  >"$work/vllm.log" 2>&1 &
+vllm_pid=$!
+launched=$(date +%s)
+stop_vllm() {
+  kill -TERM -- "-$vllm_pid" 2>/dev/null
+  for _ in $(seq 1 20); do kill -0 "$vllm_pid" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- "-$vllm_pid" 2>/dev/null
+  { grep -E "tabletune|Loaded|plugin|Traceback|Error|Asynchronous scheduling|max_num_batched_tokens" \
+      "$work/vllm.log" | head -80
+    echo "----- last 30 lines -----"; tail -30 "$work/vllm.log"; } >"$OUT/live_step_time_vllm_log.txt"
+}
+trap stop_vllm EXIT
+
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+engine=$(python3 -c 'from importlib.metadata import version; print(version("vllm"))' 2>/dev/null \
+  || python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo unknown)
+meta=$(python3 -c 'import json, sys
+device, engine, commit, table, rates, spec, args = sys.argv[1:8]
+print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, "commit": commit,
+  "starting_table": json.loads(table), "synthetic_rates": json.loads(rates),
+  "speculative_config": json.loads(spec), "vllm_args": args,
+  "server_module": sys.argv[8],
+  "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "TABLETUNE_SYNC_INTERVAL_S": sys.argv[9]}}))' \
+  "$gpu" "$engine" "$COMMIT" "$TABLE" "$RATES" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S")
+
+# The driver's budget: what is left of BUDGET_S, less ~25 s for stopping vLLM and the report.
+# It keeps to it (parts that no longer fit are skipped); `timeout` is the last resort, and the
+# JSON written after the last finished part stays.
+now=$(date +%s)
+budget=$((BUDGET_S - (now - started) - 25))
+timeout -s INT $((budget + 20)) python3 bench/gpu/live_step_time.py \
+  --base "http://127.0.0.1:$PORT" --pid "$vllm_pid" --out "$OUT/live_step_time.json" \
+  --meta "$meta" --started-s $((now - launched)) --budget-s "$budget" \
+  --sync-interval-s "$SYNC_S" ${DRIVER_ARGS:-}
+rc=$?
+stop_vllm
+trap - EXIT
+python3 bench/gpu/live_step_time_report.py "$OUT/live_step_time.json" \
+  --out "$OUT/live_step_time_h200.json" || { [ "$rc" -eq 0 ] && rc=3; }
+echo "done in $(( $(date +%s) - started )) s (driver exit $rc)"
+exit "$rc"

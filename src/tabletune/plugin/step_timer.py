@@ -1,0 +1,77 @@
+"""Times every engine step from the scheduler's per-step callback and counts it in its cell. Pure.
+
+vLLM's engine core calls ``Scheduler.update_from_output(scheduler_output, ...)`` exactly once
+per executed step, in step order, on the engine thread (engine.py wraps it and hands the step's
+fields and the clock here). With async scheduling (on by default with EAGLE) step N+1 is already
+running when the call for step N returns, so the time between two consecutive calls is the time
+the engine took for the later step: that step's duration, under the traffic actually served.
+
+What a step is (read from ``SchedulerOutput``, no loop over requests in Python):
+- batch size B = ``len(num_scheduled_tokens)``: every scheduled request, prefills included,
+  exactly the B vLLM reads ``dynamic_sd_lookup[B]`` with;
+- k = the longest list in ``scheduled_spec_decode_tokens`` (0 when empty): the drafts this step
+  verified. With async scheduling the lookup read at step N sets the drafts verified at step
+  N+1, so the k a step paid for comes from its scheduled drafts, not from the lookup;
+- it decodes when k > 0, or every request scheduled one token (tokens == B), or some request
+  scheduled exactly one token; otherwise it only prefilled (no k applies to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tabletune.step_cells import StepCellCounter
+
+
+class StepTimer:
+    """The engine side's step clock and counter; ``on_step`` runs once per scheduler step."""
+
+    __slots__ = ("_last", "counter", "enabled", "started_at")
+
+    def __init__(self, *, started_at: float) -> None:
+        self.counter = StepCellCounter()
+        self.started_at = started_at  # wall time the counts start from (the ``_created``)
+        self.enabled = True
+        self._last: float | None = None
+
+    def set_enabled(self, on: bool) -> None:
+        """Switch recording on or off; while off nothing is read, and the first step after
+        switching back on only starts the clock (the gap is not one step)."""
+        self.enabled = on
+        if not on:
+            self._last = None
+
+    def on_step(
+        self,
+        now: float,
+        num_scheduled_tokens: Mapping[str, int],
+        total_tokens: int,
+        spec_tokens: Mapping[str, Sequence[int]],
+        *,
+        idle_after: bool,
+    ) -> None:
+        """One ``update_from_output`` call: ``now`` is when it began (the step's results were
+        ready), ``idle_after`` whether the scheduler had no request left once it returned.
+
+        A duration counts only when the engine ran back to back: the previous call ran tokens
+        and left requests behind. So the first call, a step with no tokens (nothing ran: the
+        time to the next step may be waiting), and the first step after the scheduler emptied
+        (the gap holds idle time) only start the clock. They are left out of the counts.
+        """
+        last = self._last
+        self._last = None if (total_tokens == 0 or idle_after) else now
+        if last is None or total_tokens == 0:
+            return
+        batch_size = len(num_scheduled_tokens)
+        k = max(map(len, spec_tokens.values())) if spec_tokens else 0
+        if k or total_tokens == batch_size or 1 in num_scheduled_tokens.values():
+            self.counter.record(
+                batch_size=batch_size, k=k, duration_s=now - last, tokens=total_tokens
+            )
+        else:
+            self.counter.record_without_decode()
+
+    def to_wire(self) -> dict[str, Any]:
+        """What the ``tabletune_get_step_cells`` utility answers (plain, msgpack-safe)."""
+        return {"started_at": self.started_at, **self.counter.to_wire()}

@@ -1,0 +1,78 @@
+"""A dry run of the GPU job bench/gpu/live_step_time.sh (and its driver and report) on a CPU,
+against a small vLLM stand-in built from the plugin's real parts (tests/support/vllm_stand_in.py),
+so the job's control flow is proven before it spends H200 time."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.support.servers import free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER_ARGS = (
+    "--clients 6 --warmup-s 1 --window-s 0.8 --settle-s 1.0 --rounds 2 --overhead-rounds 3 "
+    "--neighbour-interval 4 --neighbour-window-s 1.2"
+)
+
+
+def load_report() -> ModuleType:
+    path = ROOT / "bench" / "gpu" / "live_step_time_report.py"
+    spec = importlib.util.spec_from_file_location("live_step_time_report", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_job_runs_every_part_and_writes_its_results(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3 = this one
+        "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
+        "WHEEL": "none",
+        "SERVER_MODULE": "tests.support.vllm_stand_in",
+        "PORT": str(free_port()),
+        "OUT": str(tmp_path),
+        "BUDGET_S": "200",
+        "COMMIT": "dry-run",
+        "TABLETUNE_SYNC_INTERVAL_S": "0.2",
+        "DRIVER_ARGS": DRIVER_ARGS,
+    }
+    env.pop("TABLETUNE_ADMIN_TOKEN", None)
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu" / "live_step_time.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    raw = json.loads((tmp_path / "live_step_time.json").read_text())
+    assert raw["errors"] == [] and raw["skipped"] == [] and raw["meta"]["commit"] == "dry-run"
+    parts = [(w["part"], w["arm"]) for w in raw["windows"]]
+    assert parts[:4] == [("fixed-k", "k2"), ("fixed-k", "k3"), ("fixed-k", "k3"), ("fixed-k", "k2")]
+    assert ("neighbour", "n4") in parts and parts.count(("overhead", "off")) == 3
+    report = load_report()
+    summary = report.summarize(raw)
+    assert raw["summary"] == json.loads(json.dumps(summary))  # the driver embeds the same summary
+    for arm in ("k2", "k3"):
+        assert summary["fixed_k"]["arms"][arm]["share_of_decode_steps_at_k"] == 1
+    assert summary["neighbour"]["steps_by_k"][2] > 0
+    overhead = summary["overhead"]
+    assert overhead["off"]["windows"] == 3 and overhead["off_steps_recorded"] == 0
+    goals = json.loads((tmp_path / "live_step_time_h200.json").read_text())["goals"]
+    assert goals == json.loads(json.dumps(report.goals(summary)))
+    assert goals["counters_agree"]["pass"] is True, summary["counters"]
+    # The stand-in's k=2 steps take 6 ms, k=3 steps 11 ms: k=2 out-produces k=3 by far.
+    assert goals["t_hat_ranks_like_throughput"]["pass"] is True, summary["fixed_k"]["ranking"]
+    assert (tmp_path / "live_step_time_run_log.txt").read_text().count("== ") == 5
