@@ -226,27 +226,6 @@ def test_truth_scores_the_running_table_against_the_oracle(profile: Profile) -> 
         assert row["oracle_goodput_tokens_per_s"] == pytest.approx(best_goodput, rel=0.01)
 
 
-@pytest.mark.parametrize("noise", [0.0, 0.15])
-def test_batched_and_per_step_paths_agree(profile: Profile, noise: float) -> None:
-    """A plain lookup list runs steps in one go; a policy callable step by step. Same steps."""
-    load = {"kind": "sweep", "batch_sizes": [8, 24, 64], "dwell_s": 2.0}
-    batched = engine_for(profile, load=load, step_noise=noise)
-    table = list(batched.lookup)  # type: ignore[arg-type]
-    stepped = build_engine(
-        scenario(load=load, step_noise=noise),
-        profile,
-        base_dir=REPO,
-        choose_k=lambda b, i: table[b],
-    )
-    for engine in (batched, stepped):
-        engine.advance(3.0)
-        engine.advance(4.5)
-    assert batched.counters.steps == stepped.counters.steps
-    assert batched.counters.num_drafts == stepped.counters.num_drafts
-    assert batched.counters.num_draft_tokens == stepped.counters.num_draft_tokens
-    assert batched.now == pytest.approx(stepped.now)
-
-
 # -- step cells and the serving model ----------------------------------------------------------
 
 DECODE_HEAVY = {
@@ -361,13 +340,15 @@ def test_traffic_shape_switches_mid_run(profile: Profile) -> None:
     assert engine.true_step_s(96, 3) > 2 * engine.true_step_s(96, 3, shape=engine.shape(0.0))
 
 
+@pytest.mark.parametrize("serving", [None, SERVING])
 @pytest.mark.parametrize("noise", [0.0, 0.15])
-def test_serving_batched_and_per_step_paths_agree_exactly(profile: Profile, noise: float) -> None:
+def test_batched_and_per_step_paths_agree(profile: Profile, noise: float, serving: Any) -> None:
+    """A plain lookup list runs steps in one go; a policy callable step by step. Same steps."""
     load = {"kind": "sweep", "batch_sizes": [8, 24, 130], "dwell_s": 2.0}
-    batched = engine_for(profile, load=load, step_noise=noise, serving=SERVING)
+    batched = engine_for(profile, load=load, step_noise=noise, serving=serving)
     table = list(batched.lookup)  # type: ignore[arg-type]
     stepped = build_engine(
-        scenario(load=load, step_noise=noise, serving=SERVING),
+        scenario(load=load, step_noise=noise, serving=serving),
         profile,
         base_dir=REPO,
         choose_k=lambda b, i: table[b],
@@ -376,6 +357,8 @@ def test_serving_batched_and_per_step_paths_agree_exactly(profile: Profile, nois
         engine.advance(3.0)
         engine.advance(4.5)
     assert batched.counters.steps == stepped.counters.steps
+    assert batched.counters.num_drafts == stepped.counters.num_drafts
+    assert batched.counters.num_draft_tokens == stepped.counters.num_draft_tokens
     assert batched.now == stepped.now
     assert batched.counters.step_cells() == stepped.counters.step_cells()
 

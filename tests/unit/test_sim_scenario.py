@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -32,14 +33,28 @@ def write(tmp_path: Path, data: object, name: str = "s.yaml") -> Path:
     return path
 
 
-def with_change(path: str, value: object) -> dict[str, object]:
-    data = yaml.safe_load(yaml.safe_dump(VALID))
+def change_in(data: dict[str, object], path: str, value: object) -> dict[str, object]:
+    """``data`` with the field at the dotted ``path`` set to ``value`` (changed in place)."""
     *parents, last = path.split(".")
-    node = data
+    node: Any = data
     for part in parents:
         node = node[part]
     node[last] = value
     return data
+
+
+def with_change(path: str, value: object) -> dict[str, object]:
+    return change_in(yaml.safe_load(yaml.safe_dump(VALID)), path, value)
+
+
+def assert_refused(tmp_path: Path, data: dict[str, object], message: str) -> None:
+    """Loading ``data`` fails with an error that starts with the file and holds ``message``."""
+    path = write(tmp_path, data)
+    with pytest.raises(InputError) as caught:
+        load_scenario(path)
+    text = str(caught.value)
+    assert text.startswith(str(path)), text
+    assert message in text, text
 
 
 def test_the_seed_scenarios_are_packaged() -> None:
@@ -85,12 +100,7 @@ def test_packaged_sample_profile_is_the_examples_one() -> None:
 def test_invalid_scenarios_name_the_file_and_field(
     tmp_path: Path, change: str, value: object, message: str
 ) -> None:
-    path = write(tmp_path, with_change(change, value))
-    with pytest.raises(InputError) as caught:
-        load_scenario(path)
-    text = str(caught.value)
-    assert text.startswith(str(path)), text
-    assert message in text, text
+    assert_refused(tmp_path, with_change(change, value), message)
 
 
 def test_fault_windows_must_be_ordered(tmp_path: Path) -> None:
@@ -243,20 +253,10 @@ def test_invalid_serving_sections_name_the_file_and_field(
 ) -> None:
     data = with_change("serving", copy.deepcopy(SERVING))
     if change == "serving.graph_limit_tokens":
-        data["serving"]["max_num_batched_tokens"] = 1000  # type: ignore[index]
+        change_in(data, "serving.max_num_batched_tokens", 1000)
     if change == "serving.max_num_batched_tokens":  # 64 x (1 + 3) decode tokens fill 256
-        data["serving"]["graph_limit_tokens"] = 128  # type: ignore[index]
-    *parents, last = change.split(".")
-    node: object = data
-    for part in parents:
-        node = node[part]  # type: ignore[index]
-    node[last] = value  # type: ignore[index]
-    path = write(tmp_path, data)
-    with pytest.raises(InputError) as caught:
-        load_scenario(path)
-    text = str(caught.value)
-    assert text.startswith(str(path)), text
-    assert message in text, text
+        change_in(data, "serving.graph_limit_tokens", 128)
+    assert_refused(tmp_path, change_in(data, change, value), message)
 
 
 def test_a_valid_serving_section_loads_with_the_documented_defaults(tmp_path: Path) -> None:

@@ -84,20 +84,22 @@ class PrefillCursor:
         self.backlog = stream.backlog
 
     def next(self, arrival_cdf: list[float], budget: int) -> int:
-        """Prefill tokens served in the next step."""
-        if self.steps >= len(self._uniforms):
-            self._uniforms = self._stream.arrivals.peek(2 * self.steps + 64).tolist()
-        count = bisect_right(arrival_cdf, self._uniforms[self.steps])
-        self.steps += 1
-        end = self.prompts + count
-        if end >= len(self._prompt_sums):
+        """Prefill tokens served in the next step (runs once per step: kept lean)."""
+        steps, start = self.steps, self.prompts
+        if steps >= len(self._uniforms):
+            self._uniforms = self._stream.arrivals.peek(2 * steps + 64).tolist()
+        end = start + bisect_right(arrival_cdf, self._uniforms[steps])
+        sums = self._prompt_sums
+        if end >= len(sums):
             lengths = self._shape.prompt.sample(self._stream.prompts.peek(2 * end + 64))
-            self._prompt_sums = [0, *np.cumsum(lengths, dtype=np.int64).tolist()]
-        pending = self.backlog + self._prompt_sums[end] - self._prompt_sums[self.prompts]
-        self.prompts = end
-        served = min(pending, budget)
-        self.backlog = pending - served
-        return served
+            sums = self._prompt_sums = [0, *np.cumsum(lengths, dtype=np.int64).tolist()]
+        self.steps, self.prompts = steps + 1, end
+        pending = self.backlog + sums[end] - sums[start]
+        if pending > budget:
+            self.backlog = pending - budget
+            return budget
+        self.backlog = 0
+        return pending
 
     def commit(self) -> None:
         """Use up what the steps taken drew."""

@@ -10,6 +10,7 @@ restart shows to Prometheus exactly as vLLM's does: counters back at zero, a new
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from typing import Protocol
@@ -145,6 +146,7 @@ def _go_float(value: float) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)  # label values repeat on every line and every scrape
 def _escape_value(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
