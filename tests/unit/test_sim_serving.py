@@ -212,11 +212,16 @@ def test_expected_step_time_matches_the_draws(
     # Only traffic the engine can keep up with (scenarios refuse the rest), with margin.
     if lam * prompt.mean > 0.5 * model.prefill_budget(batch * (1 + k)):
         return
-    served, _ = draw_prefill(model, traffic, batch, k, 40_000)
+    served, _ = draw_prefill(model, traffic, batch, k, 100_000)
     draws = model.step_seconds(0.01, served, miss_above(model, batch * (1 + k)))
     expected = expected_seconds(model, traffic, batch, k, 0.01)
     error = draws.std() / math.sqrt(draws.size)
-    assert abs(draws.mean() - expected) <= 5 * error + 1e-9 * expected
+    # Events rarer than ~1/n may not show in n draws at all (then the sample has no spread
+    # for them): allow them 5/n of the largest step-time excursion.
+    room = model.prefill_budget(batch * (1 + k))
+    longest = (0.01 + model.prefill_s_per_token * room) * model.graph_miss_factor
+    unseen = 5 / draws.size * (longest - 0.01)
+    assert abs(draws.mean() - expected) <= 5 * error + unseen + 1e-9 * expected
 
 
 @pytest.mark.parametrize(
