@@ -518,9 +518,15 @@ class EngineSim:
         counters = self.counters
         big_k = self.num_speculative_tokens
         per_k = np.bincount(ks, minlength=big_k + 1)
-        seconds = np.bincount(ks, weights=durations, minlength=big_k + 1)
-        squares = np.bincount(ks, weights=durations * durations, minlength=big_k + 1)
-        scheduled = np.bincount(ks, weights=tokens_per_step, minlength=big_k + 1)
+        if int(per_k.max()) == ks.size:  # one k (a plain table): plain sums
+            only = per_k > 0
+            seconds = only * float(durations.sum())
+            squares = only * float(durations @ durations)
+            scheduled = only * float(tokens_per_step.sum())
+        else:
+            seconds = np.bincount(ks, weights=durations, minlength=big_k + 1)
+            squares = np.bincount(ks, weights=durations * durations, minlength=big_k + 1)
+            scheduled = np.bincount(ks, weights=tokens_per_step, minlength=big_k + 1)
         drafted = np.zeros(big_k, dtype=np.int64)
         accepted = np.zeros(big_k, dtype=np.int64)
         expected = 0.0
