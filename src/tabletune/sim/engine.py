@@ -518,6 +518,9 @@ class EngineSim:
         counters = self.counters
         big_k = self.num_speculative_tokens
         per_k = np.bincount(ks, minlength=big_k + 1)
+        seconds: np.ndarray
+        squares: np.ndarray
+        scheduled: np.ndarray
         if int(per_k.max()) == ks.size:  # one k (a plain table): plain sums
             only = per_k > 0
             seconds = only * float(durations.sum())
