@@ -485,24 +485,24 @@ class EngineSim:
             k = self._choose(batch)
             self.step_index += 1
             if cursor is None:
-                served = 0
                 duration = rows[k][batch]
             else:
                 served = cursor.next(cdfs[k], room[k])
+                prefill.append(served)
                 duration = step_seconds(base[k], served, miss[k])
             if noisy:
                 duration *= float(self._noise.peek(1)[0])
                 self._noise.use(1)
             ks.append(k)
             seconds.append(duration)
-            prefill.append(served)
             elapsed += duration
             if single or elapsed >= budget_s or len(ks) >= MAX_STEPS_PER_BATCH:
                 break
+        k_array = np.asarray(ks, dtype=np.int64)
+        tokens = batch * (1 + k_array)
         if cursor is not None:
             cursor.commit()
-        k_array = np.asarray(ks, dtype=np.int64)
-        tokens = batch * (1 + k_array) + np.asarray(prefill, dtype=np.int64)
+            tokens += np.asarray(prefill, dtype=np.int64)
         return k_array, np.asarray(seconds), tokens
 
     def _count(
