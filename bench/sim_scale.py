@@ -3,6 +3,9 @@ and (optionally) a real Prometheus scraping all of them every second.
 
     .venv/bin/python bench/sim_scale.py --replicas 1000 --speed 1 --prometheus \
         --out bench/results/sim-scale-1000.json
+
+Before/after: run it on the older code first (PYTHONPATH=OLD/src, ``--label OLD``), then pass
+that JSON as ``--before``: the result holds it and the ratios of the main figures (after/before).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -98,6 +102,8 @@ def main() -> int:
     parser.add_argument("--prometheus", action="store_true", help="also a real Prometheus, 1 s")
     parser.add_argument("--prometheus-seconds", type=float, default=20.0)
     parser.add_argument("--scrape-interval", type=int, default=1, help="Prometheus, seconds")
+    parser.add_argument("--label", default="this checkout", help="which code this run measured")
+    parser.add_argument("--before", type=Path, help="this script's JSON from the older code")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -141,6 +147,7 @@ def main() -> int:
         scrape_rounds = asyncio.run(rounds())
         result = {
             "what": "tabletune sim serve: N engines in one process, one port each",
+            "code": args.label,
             "command": " ".join(command[1:]),
             "replicas": args.replicas,
             "speed": args.speed,
@@ -158,6 +165,10 @@ def main() -> int:
         server.terminate()
         server.wait(timeout=30)
         log.close()
+    if args.before:
+        earlier = json.loads(args.before.read_text(encoding="utf-8"))
+        result["after_over_before"] = compare(result, earlier)
+        result["before"] = earlier
     result |= {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": f"CPU only: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
@@ -170,6 +181,27 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n", encoding="utf-8")
     return 0
+
+
+def figures(result: dict[str, Any]) -> dict[str, float]:
+    """The figures a before/after comparison looks at (medians over the scrape rounds)."""
+    rounds = result["scrape_rounds"]
+    out = {
+        "startup_s": result["startup_s"],
+        "rss_mib_after_rounds": result["rss_mib_after_rounds"],
+        "round_server_cpu_s": float(np.median([r["server_cpu_s"] for r in rounds])),
+        "round_scrape_p99_ms": float(np.median([r["scrape_p99_ms"] for r in rounds])),
+    }
+    prometheus = result.get("prometheus") or {}
+    for key in ("server_cpu_fraction", "scrape_duration_p99_s", "targets_up"):
+        if key in prometheus:
+            out[f"prometheus_{key}"] = prometheus[key]
+    return out
+
+
+def compare(after: dict[str, Any], before: dict[str, Any]) -> dict[str, float]:
+    mine, theirs = figures(after), figures(before)
+    return {key: mine[key] / theirs[key] for key in mine.keys() & theirs.keys() if theirs[key]}
 
 
 def run_prometheus(

@@ -89,6 +89,23 @@ def test_prometheus_sees_the_scenarios_acceptance_and_restarts(
         )
         assert tokens == pytest.approx(tau(RATES, 3), abs=0.02)
 
+        # The step cells as Prometheus stores them: every step at B=32 with k=3, one cell per
+        # engine; mean batch, tokens per step and step time follow from the sums.
+        cells = prom.query("increase(tabletune_steps_total[1m])")
+        assert {(r["metric"]["k"], r["metric"]["batch"]) for r in cells} == {("3", "25-32")}
+        assert len(cells) == 3
+        per_step = " / sum(increase(tabletune_steps_total[1m]))"
+        requests = prom.query_value(
+            "sum(increase(tabletune_step_scheduled_requests_total[1m]))" + per_step
+        )
+        assert requests == pytest.approx(BATCH)
+        scheduled = prom.query_value(
+            "sum(increase(tabletune_step_scheduled_tokens_total[1m]))" + per_step
+        )
+        assert scheduled == pytest.approx(BATCH * 4)
+        seconds = prom.query_value("sum(increase(tabletune_step_seconds_total[1m]))" + per_step)
+        assert seconds == pytest.approx(step_ms / 1000.0, rel=1e-6)
+
         # A restart of one engine is a counter reset for that target only.
         restarted = sim.targets[2]
         assert httpx.post(f"{sim.urls[2]}/sim/v1/restart", json={}).status_code == 200

@@ -14,12 +14,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tabletune import metric_names as names
 from tabletune.plugin.metrics_core import TableTuneMetrics
+from tabletune.plugin.wire import StepCellsRead
 from tabletune.schemas import Profile, load_profile
 from tabletune.sim.app import ReplicaSet, build_app
 from tabletune.sim.metrics import render
+from tabletune.sim.processes import LoadOverride
 from tabletune.sim.replica import Replica, SimClock
 from tabletune.sim.scenario import Scenario, parse_scenario
 from tabletune.sim.serve import build_replicas, parse_ports
+from tabletune.step_cells import CellTotals
 
 REPO = Path(__file__).resolve().parents[2]
 RATES = [0.8, 0.6, 0.4]
@@ -105,6 +108,11 @@ def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
     return found
 
 
+# The plugin's old step histograms: the emulator no longer exports them (the step cells replace
+# them), and the plugin drops them too.
+OLD_HISTOGRAMS = {names.TT_DECODE_BATCH_SIZE, names.TT_STEP_DURATION}
+
+
 def test_metrics_match_the_plugins_families_and_vllms_names(harness: Harness) -> None:
     harness.tick(1.0)
     ours = families(harness.client.get("/metrics").text)
@@ -113,16 +121,31 @@ def test_metrics_match_the_plugins_families_and_vllms_names(harness: Harness) ->
     spec = SimpleNamespace(num_drafts=4, num_draft_tokens=12, num_draft_tokens_per_pos=[4, 4, 4])
     plugin.record_drafts(spec)
     plugin.publish_table([[1, 16, 3]], 1)
+    plugin.publish_steps(
+        StepCellsRead(
+            cells={(3, 17, 24): CellTotals(2.0, 0.02, 0.0002, 200.0, 40.0)},
+            steps_without_decode=1.0,
+            started_at=1.0,
+        )
+    )
     theirs = families(generate_latest(registry).decode())
     plugin_names = {
         names.TT_DRAFT_TOKENS_PER_POS,
         names.TT_TABLE_VERSION,
         names.TT_TABLE_RANGE_K,
         names.TT_EXPLORATION_STEPS,
+        names.TT_STEPS,
+        names.TT_STEP_SECONDS,
+        names.TT_STEP_SECONDS_SQUARED,
+        names.TT_STEP_TOKENS,
+        names.TT_STEP_REQUESTS,
+        names.TT_STEPS_WITHOUT_DECODE,
     }
     assert plugin_names <= set(theirs)
     for name, shape in theirs.items():
-        assert ours.get(name) == shape, name
+        if name.removesuffix("_created") not in OLD_HISTOGRAMS:
+            assert ours.get(name) == shape, name
+    assert not {f"{n}{s}" for n in OLD_HISTOGRAMS for s in ("", "_created")} & set(ours)
     engine_labels = frozenset({"engine", "model_name"})
     assert ours[names.VLLM_NUM_DRAFTS] == ("counter", engine_labels)
     assert ours[names.VLLM_ACCEPTED_PER_POS] == ("counter", engine_labels | {"position"})
@@ -145,11 +168,38 @@ def test_counters_have_total_and_created(harness: Harness) -> None:
 
 def test_metrics_follow_the_clock_times_speed(harness: Harness) -> None:
     harness.tick(1.0)  # 10 simulated seconds
-    steps = harness.value("tabletune_decode_batch_size_count")
+    cell = {"k": "1", "batch": "17-24"}  # B=24 runs k=1
+    steps = harness.value("tabletune_steps_total", **cell)
     step_s = harness.replica.engine.step_time_s(24, 1)
     assert steps == pytest.approx(10.0 / step_s, abs=1)
     harness.tick(1.0)
-    assert harness.value("tabletune_decode_batch_size_count") == pytest.approx(2 * steps, abs=2)
+    assert harness.value("tabletune_steps_total", **cell) == pytest.approx(2 * steps, abs=2)
+
+
+def test_step_cells_are_the_engines_steps_with_created(harness: Harness) -> None:
+    harness.tick(2.0)
+    harness.replica.engine.load = LoadOverride(harness.replica.engine.load, 5, 20.0)
+    harness.tick(1.0)  # 10 s at B=24 (k=1), then 10 s at B=5 (k=3)
+    samples = harness.samples()
+    counters = harness.replica.engine.counters
+    cells = {
+        (dict(labels)["k"], dict(labels)["batch"]): value
+        for (name, labels), value in samples.items()
+        if name == "tabletune_steps_total"
+    }
+    assert set(cells) == {("1", "17-24"), ("3", "5")}
+    assert sum(cells.values()) == counters.steps
+    assert harness.value("tabletune_steps_without_decode_total") == 0
+    totals = counters.step_cells()[(3, 5, 5)]
+    assert harness.value("tabletune_step_seconds_total", k="3", batch="5") == totals.seconds
+    assert harness.value("tabletune_step_scheduled_tokens_total", k="3", batch="5") == 20 * (
+        totals.steps
+    )
+    assert harness.value("tabletune_step_scheduled_requests_total", k="3", batch="5") == 5 * (
+        totals.steps
+    )
+    created = harness.value("tabletune_steps_created", k="3", batch="5")
+    assert created == harness.replica.created_wall
 
 
 def test_put_table_changes_what_the_next_steps_draft(harness: Harness) -> None:
@@ -250,7 +300,8 @@ def test_truth_reports_oracle_and_loss(harness: Harness) -> None:
     harness.tick(3.0)  # 30 s: three closed intervals of 10 s
     truth = harness.client.get("/sim/v1/truth").json()
     assert truth["rates"] == RATES
-    assert truth["oracle_table"] == [[1, 256, 3]]
+    assert truth["oracle_table"] == truth["profile_table"] == [[1, 256, 3]]
+    assert truth["serving"] is None
     current = truth["current"]
     assert current["table_k"] == 1 and current["best_fixed_k"] == 3
     assert 0 < current["loss"] < 1
@@ -297,3 +348,33 @@ def test_fast_exposition_is_byte_identical_to_prometheus_client(profile: Profile
     h.tick(0.5)
     h.replica.sync()
     assert render(h.replica.registry) == generate_latest(h.replica.registry)
+
+
+def test_truth_under_serving_traffic_is_the_models_not_the_profiles(profile: Profile) -> None:
+    decode_heavy = {
+        "name": "decode-heavy",
+        "prompt": {"kind": "lognormal", "median": 48, "sigma": 1.0, "max": 1024},
+        "output": {"kind": "lognormal", "median": 320, "sigma": 0.6, "max": 2048},
+    }
+    h = Harness(
+        profile,
+        load={"kind": "constant", "batch_size": 128},
+        acceptance={"kind": "constant", "rates": [0.75, 0.55, 0.4]},
+        engine={"starting_table": [[1, 64, 3], [65, 128, 2], [129, 256, 1]]},
+        serving={"traffic": {"kind": "constant", "shape": decode_heavy}},
+    )
+    h.tick(3.0)
+    truth = h.client.get("/sim/v1/truth").json()
+    assert truth["serving"]["shape"] == "decode-heavy"
+    assert truth["serving"]["next_shape_change_s"] is None
+    assert truth["profile_table"] == [[1, 256, 3]]
+    assert truth["oracle_table"] != truth["profile_table"]
+    current = truth["current"]
+    assert current["table_k"] == 2 and current["best_fixed_k"] == 2 and current["oracle_k"] == 2
+    assert current["step_ms"]["3"] > 1.5 * current["profile_step_ms"]["3"]
+    # Prefill rides along: the cell schedules more than its decode tokens.
+    cell = {"k": "2", "batch": "121-128"}
+    steps = h.value("tabletune_steps_total", **cell)
+    assert h.value("tabletune_step_scheduled_tokens_total", **cell) > 128 * 3 * steps
+    seconds = h.value("tabletune_step_seconds_total", **cell)
+    assert seconds / steps == pytest.approx(current["step_ms"]["2"] / 1000, rel=0.05)

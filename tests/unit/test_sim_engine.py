@@ -8,11 +8,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tabletune.schemas import Profile, load_profile
 from tabletune.sim.build import build_engine, start_engine_side
-from tabletune.sim.engine import EngineSim, SimError
+from tabletune.sim.engine import EngineSim, SimError, StepBatch
 from tabletune.sim.scenario import Scenario, parse_scenario
+from tabletune.solver import build_table, tau
+from tabletune.step_cells import cell_key
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_PROFILE = REPO / "examples" / "sample-profile.json"
@@ -110,13 +114,13 @@ def test_hysteresis_holds_k_while_the_load_hovers_at_an_edge(profile: Profile) -
     plain = engine_for(profile, load=hover)
     start_engine_side(scenario(load=hover), plain)
     plain.advance(4.0)
-    assert plain.counters.step_durations.keys() >= {(3, "8-15"), (1, "16-31")}
+    assert plain.counters.step_cells().keys() == {(3, 15, 15), (1, 17, 24)}
 
     held = engine_for(profile, load=hover, engine={"hysteresis": 3})
     start_engine_side(scenario(load=hover, engine={"hysteresis": 3}), held)
     held.advance(4.0)
     # k=3 from the start (B=15) is kept at B=18: within 3 of B=16, the last k=3 batch size.
-    assert {k for k, _ in held.counters.step_durations} == {3}
+    assert held.counters.step_cells().keys() == {(3, 15, 15), (3, 17, 24)}
 
 
 def test_restart_resets_counters_and_waits_out_the_downtime(profile: Profile) -> None:
@@ -222,14 +226,129 @@ def test_truth_scores_the_running_table_against_the_oracle(profile: Profile) -> 
         assert row["oracle_goodput_tokens_per_s"] == pytest.approx(best_goodput, rel=0.01)
 
 
+# -- step cells and the serving model ----------------------------------------------------------
+
+DECODE_HEAVY = {
+    "name": "decode-heavy",
+    "prompt": {"kind": "lognormal", "median": 48, "sigma": 1.0, "max": 1024},
+    "output": {"kind": "lognormal", "median": 320, "sigma": 0.6, "max": 2048},
+}
+PREFILL_HEAVY = {
+    "name": "prefill-heavy",
+    "prompt": {"kind": "lognormal", "median": 768, "sigma": 0.6, "max": 4096},
+    "output": {"kind": "lognormal", "median": 160, "sigma": 0.5, "max": 1024},
+}
+SERVING = {"traffic": {"kind": "constant", "shape": DECODE_HEAVY}, "context_cost": 0.3}
+
+
+def collect(engine: EngineSim) -> list[StepBatch]:
+    batches: list[StepBatch] = []
+    engine.on_steps.append(batches.append)
+    return batches
+
+
+@pytest.mark.parametrize("serving", [None, SERVING])
+def test_step_cells_add_up_to_the_steps_run(profile: Profile, serving: Any) -> None:
+    load = {"kind": "sweep", "batch_sizes": [5, 24, 130, 250], "dwell_s": 3.0}
+    engine = engine_for(profile, load=load, serving=serving, step_noise=0.1)
+    start_engine_side(
+        scenario(load=load, serving=serving, engine={"exploration_interval": 7}), engine
+    )
+    batches = collect(engine)
+    engine.advance(12.0)
+    cells = engine.counters.step_cells()
+    assert {(low, high) for _, low, high in cells} == {(5, 5), (17, 24), (129, 136), (249, 256)}
+    steps = sum(t.steps for t in cells.values())
+    assert steps + engine.counters.steps_without_decode == engine.counters.steps
+    assert sum(b.steps for b in batches) == engine.counters.steps
+    requests = sum(b.steps * b.batch_size for b in batches)
+    assert sum(t.requests for t in cells.values()) == requests
+    durations = np.concatenate([b.durations_s for b in batches])
+    assert sum(t.seconds for t in cells.values()) == pytest.approx(durations.sum())
+    assert sum(t.seconds_sq for t in cells.values()) == pytest.approx((durations**2).sum())
+    tokens = np.concatenate([b.scheduled_tokens for b in batches])
+    decode = np.concatenate([b.batch_size * (1 + b.ks) for b in batches])
+    assert sum(t.tokens for t in cells.values()) == tokens.sum()
+    assert np.all(tokens >= decode)
+    assert np.any(tokens > decode) == (serving is not None)
+    for key, totals in cells.items():
+        mine = [b for b in batches if cell_key(key[0], b.batch_size) == key]
+        assert totals.steps == sum(int(np.sum(b.ks == key[0])) for b in mine)
+        assert totals.requests == sum(int(np.sum(b.ks == key[0])) * b.batch_size for b in mine)
+
+
+def test_without_serving_the_truth_is_the_profile(profile: Profile) -> None:
+    engine = engine_for(profile)
+    for batch, k in [(1, 0), (17, 1), (128, 3), (256, 2)]:
+        assert engine.true_step_s(batch, k) == engine.step_time_s(batch, k)
+    table = build_table(engine.step_times, RATES, allowed_k={0, 1, 3}, max_batch=256)
+    assert engine.oracle_table().ranges == table.ranges
+
+
+def test_serving_truth_is_the_model_not_the_profile(profile: Profile) -> None:
+    engine = engine_for(
+        profile,
+        load={"kind": "constant", "batch_size": 128},
+        acceptance={"kind": "constant", "rates": [0.75, 0.55, 0.4]},
+        engine={"starting_table": [[1, 64, 3], [65, 128, 2], [129, 256, 1]]},
+        serving=SERVING,
+    )
+    rates = (0.75, 0.55, 0.4)
+    # B=128: k=3 fills the 512-token graphs with decode alone, so any prefill leaves them.
+    assert engine.true_step_s(128, 3) > 1.5 * engine.step_time_s(128, 3)
+    assert engine.true_step_s(128, 2) < 1.5 * engine.step_time_s(128, 2)
+    profile_k = max((3, 2, 1), key=lambda k: tau(rates, k) / engine.step_time_s(128, k))
+    assert profile_k == 3
+    assert engine.best_k(128, rates)[0] == 2
+    assert engine.oracle_table().per_batch_k[127] == 2
+    grid = engine.true_step_times()
+    assert grid.at(128, 3) == pytest.approx(1000 * engine.true_step_s(128, 3))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_emulated_steps_average_to_the_true_step_time(profile: Profile, k: int) -> None:
+    """What the daemon will measure live (cell seconds / steps) is what the oracle scores."""
+    engine = build_engine(
+        scenario(load={"kind": "constant", "batch_size": 128}, serving=SERVING),
+        profile,
+        base_dir=REPO,
+        choose_k=lambda b, i: k,
+    )
+    engine.advance(300.0)
+    (totals,) = engine.counters.step_cells().values()
+    error = math.sqrt(totals.variance_s2 / totals.steps)
+    assert abs(totals.mean_s - engine.true_step_s(128, k)) < 5 * error
+
+
+def test_traffic_shape_switches_mid_run(profile: Profile) -> None:
+    traffic = {"kind": "switch", "before": DECODE_HEAVY, "after": PREFILL_HEAVY, "at_s": 5.0}
+    engine = engine_for(
+        profile,
+        load={"kind": "constant", "batch_size": 96},
+        serving={"traffic": traffic},
+    )
+    batches = collect(engine)
+    engine.advance(10.0)
+    assert not any(b.start_s < 5.0 < b.end_s - b.durations_s[-1] for b in batches)
+    before = [b for b in batches if b.start_s < 5.0]
+    after = [b for b in batches if b.start_s >= 5.0]
+    mean_tokens = [
+        np.mean(np.concatenate([b.scheduled_tokens for b in part])) for part in (before, after)
+    ]
+    assert mean_tokens[1] > 3 * mean_tokens[0]
+    assert engine.shape(4.9).name == "decode-heavy" and engine.shape().name == "prefill-heavy"
+    assert engine.true_step_s(96, 3) > 2 * engine.true_step_s(96, 3, shape=engine.shape(0.0))
+
+
+@pytest.mark.parametrize("serving", [None, SERVING])
 @pytest.mark.parametrize("noise", [0.0, 0.15])
-def test_batched_and_per_step_paths_agree(profile: Profile, noise: float) -> None:
+def test_batched_and_per_step_paths_agree(profile: Profile, noise: float, serving: Any) -> None:
     """A plain lookup list runs steps in one go; a policy callable step by step. Same steps."""
-    load = {"kind": "sweep", "batch_sizes": [8, 24, 64], "dwell_s": 2.0}
-    batched = engine_for(profile, load=load, step_noise=noise)
+    load = {"kind": "sweep", "batch_sizes": [8, 24, 130], "dwell_s": 2.0}
+    batched = engine_for(profile, load=load, step_noise=noise, serving=serving)
     table = list(batched.lookup)  # type: ignore[arg-type]
     stepped = build_engine(
-        scenario(load=load, step_noise=noise),
+        scenario(load=load, step_noise=noise, serving=serving),
         profile,
         base_dir=REPO,
         choose_k=lambda b, i: table[b],
@@ -240,4 +359,46 @@ def test_batched_and_per_step_paths_agree(profile: Profile, noise: float) -> Non
     assert batched.counters.steps == stepped.counters.steps
     assert batched.counters.num_drafts == stepped.counters.num_drafts
     assert batched.counters.num_draft_tokens == stepped.counters.num_draft_tokens
-    assert batched.now == pytest.approx(stepped.now)
+    assert batched.now == stepped.now
+    assert batched.counters.step_cells() == stepped.counters.step_cells()
+
+
+def test_serving_same_seed_same_steps_however_the_run_is_cut(profile: Profile) -> None:
+    first = engine_for(profile, step_noise=0.1, serving=SERVING)
+    second = engine_for(profile, step_noise=0.1, serving=SERVING)
+    first.advance_to(10.0)
+    for cut in range(1, 8):
+        second.advance_to(10.0 * cut / 7)  # a scrape now and then
+    (one,), (other,) = (e.counters.step_cells().values() for e in (first, second))
+    assert (one.steps, one.tokens, one.requests) == (other.steps, other.tokens, other.requests)
+    assert one.seconds == pytest.approx(other.seconds, rel=1e-12)  # summed in other groups
+    assert first.now == pytest.approx(second.now, rel=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batch=st.integers(1, 256),
+    k=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+    shape=st.sampled_from([DECODE_HEAVY, PREFILL_HEAVY]),
+)
+def test_serving_steps_are_positive_and_schedule_at_least_the_decode_tokens(
+    profile: Profile, batch: int, k: int, seed: int, shape: dict[str, Any]
+) -> None:
+    engine = build_engine(
+        scenario(
+            load={"kind": "constant", "batch_size": batch},
+            serving={"traffic": {"kind": "constant", "shape": shape}},
+            seed=seed,
+        ),
+        profile,
+        base_dir=REPO,
+        choose_k=lambda b, i: k,
+    )
+    batches = collect(engine)
+    engine.advance(0.5)
+    tokens = np.concatenate([b.scheduled_tokens for b in batches])
+    durations = np.concatenate([b.durations_s for b in batches])
+    assert np.all(durations > 0)
+    assert np.all(tokens >= batch * (1 + k))
+    assert np.all(tokens <= 8192)

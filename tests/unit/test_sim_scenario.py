@@ -3,7 +3,9 @@ and the field."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -11,7 +13,7 @@ import yaml
 from tabletune.errors import InputError
 from tabletune.sim.build import resolve_profile, usable_step_times
 from tabletune.sim.processes import build_acceptance, build_load
-from tabletune.sim.scenario import load_scenario, packaged_names
+from tabletune.sim.scenario import SweepLoad, SwitchTraffic, load_scenario, packaged_names
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGED_DIR = REPO / "src" / "tabletune" / "sim" / "scenarios"
@@ -31,14 +33,28 @@ def write(tmp_path: Path, data: object, name: str = "s.yaml") -> Path:
     return path
 
 
-def with_change(path: str, value: object) -> dict[str, object]:
-    data = yaml.safe_load(yaml.safe_dump(VALID))
+def change_in(data: dict[str, object], path: str, value: object) -> dict[str, object]:
+    """``data`` with the field at the dotted ``path`` set to ``value`` (changed in place)."""
     *parents, last = path.split(".")
-    node = data
+    node: Any = data
     for part in parents:
         node = node[part]
     node[last] = value
     return data
+
+
+def with_change(path: str, value: object) -> dict[str, object]:
+    return change_in(yaml.safe_load(yaml.safe_dump(VALID)), path, value)
+
+
+def assert_refused(tmp_path: Path, data: dict[str, object], message: str) -> None:
+    """Loading ``data`` fails with an error that starts with the file and holds ``message``."""
+    path = write(tmp_path, data)
+    with pytest.raises(InputError) as caught:
+        load_scenario(path)
+    text = str(caught.value)
+    assert text.startswith(str(path)), text
+    assert message in text, text
 
 
 def test_the_seed_scenarios_are_packaged() -> None:
@@ -84,12 +100,7 @@ def test_packaged_sample_profile_is_the_examples_one() -> None:
 def test_invalid_scenarios_name_the_file_and_field(
     tmp_path: Path, change: str, value: object, message: str
 ) -> None:
-    path = write(tmp_path, with_change(change, value))
-    with pytest.raises(InputError) as caught:
-        load_scenario(path)
-    text = str(caught.value)
-    assert text.startswith(str(path)), text
-    assert message in text, text
+    assert_refused(tmp_path, with_change(change, value), message)
 
 
 def test_fault_windows_must_be_ordered(tmp_path: Path) -> None:
@@ -188,3 +199,90 @@ def test_every_packaged_scenario_runs_for_a_while(name: str) -> None:
     assert c.num_draft_tokens == int(c.draft_tokens_per_pos.sum())
     assert all(c.accepted_per_pos <= c.draft_tokens_per_pos)
     assert len(engine.history) >= 69
+
+
+SERVING = {
+    "traffic": {
+        "kind": "constant",
+        "shape": {
+            "name": "chat",
+            "prompt": {"kind": "lognormal", "median": 48, "sigma": 1.0, "max": 1024},
+            "output": {"kind": "uniform", "low": 100, "high": 500},
+        },
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "value", "message"),
+    [
+        (
+            "serving.traffic.shape.prompt.sigma",
+            0,
+            "serving.traffic.constant.shape.prompt.lognormal.sigma: Input should be greater than 0",
+        ),
+        (
+            "serving.traffic.shape.prompt.median",
+            2000,
+            "prompt.lognormal: Value error, median (2000.0) must be <= max (1024)",
+        ),
+        (
+            "serving.traffic.shape.output.low",
+            600,
+            "output.uniform: Value error, high (500) must be >= low (600)",
+        ),
+        ("serving.traffic.shape.output.kind", "zipf", "output: Input tag 'zipf' found"),
+        ("serving.traffic.kind", "poisson", "serving.traffic: Input tag 'poisson'"),
+        ("serving.graph_miss_factor", 0.5, "serving.graph_miss_factor: Input should be greater"),
+        (
+            "serving.graph_limit_tokens",
+            1024,
+            "graph_limit_tokens (1024) must be <= max_num_batched_tokens (1000)",
+        ),
+        ("serving.max_num_batched_tokens", 256, "max_num_batched_tokens (256) leaves no room"),
+        (
+            "serving.traffic.shape.output",
+            {"kind": "constant", "tokens": 2},
+            "serving: Value error, traffic: shape 'chat' needs 1",
+        ),
+        ("serving.colour", "red", "serving.colour: Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_serving_sections_name_the_file_and_field(
+    tmp_path: Path, change: str, value: object, message: str
+) -> None:
+    data = with_change("serving", copy.deepcopy(SERVING))
+    if change == "serving.graph_limit_tokens":
+        change_in(data, "serving.max_num_batched_tokens", 1000)
+    if change == "serving.max_num_batched_tokens":  # 64 x (1 + 3) decode tokens fill 256
+        change_in(data, "serving.graph_limit_tokens", 128)
+    assert_refused(tmp_path, change_in(data, change, value), message)
+
+
+def test_a_valid_serving_section_loads_with_the_documented_defaults(tmp_path: Path) -> None:
+    scenario, _ = load_scenario(write(tmp_path, with_change("serving", SERVING)))
+    assert scenario.serving is not None
+    model = scenario.serving.model()
+    assert (model.graph_limit_tokens, model.graph_miss_factor) == (512, 1.8)
+    assert model.prefill_s_per_token == pytest.approx(8e-6)
+    assert (model.context_cost, model.max_num_batched_tokens) == (0.0, 8192)
+    assert not model.graph_misses_in_profile
+    shape = scenario.serving.traffic.shape.shape()  # type: ignore[union-attr]
+    assert shape.output.mean == pytest.approx(300.0)
+    assert (
+        shape
+        is load_scenario(write(tmp_path, with_change("serving", SERVING), "t.yaml"))[
+            0
+        ].serving.traffic.shape.shape()
+    )  # type: ignore[union-attr]  # shared by replicas
+
+
+def test_packaged_serving_scenarios() -> None:
+    scenario, _ = load_scenario("serving-decode-heavy")
+    assert scenario.serving is not None and scenario.serving.context_cost == 0.3
+    assert isinstance(scenario.load, SweepLoad)
+    assert (min(scenario.load.batch_sizes), max(scenario.load.batch_sizes)) == (16, 256)
+    change, _ = load_scenario("shape-change")
+    assert change.serving is not None and isinstance(change.serving.traffic, SwitchTraffic)
+    shapes = (change.serving.traffic.before.name, change.serving.traffic.after.name)
+    assert shapes == ("decode-heavy", "prefill-heavy")

@@ -14,7 +14,7 @@ from tabletune.plugin.controller import EngineTableController
 from tabletune.schemas import Profile, load_profile
 from tabletune.schemas.profile import step_times_of
 from tabletune.sim.engine import ChooseK, EngineSim
-from tabletune.sim.processes import build_acceptance, build_load
+from tabletune.sim.processes import build_acceptance, build_load, build_traffic
 from tabletune.sim.scenario import Scenario
 from tabletune.solver import StepTimes
 
@@ -93,6 +93,8 @@ def build_engine(
         seed=scenario.seed if seed is None else seed,
         start_s=start_s,
         truth_interval_s=scenario.truth_interval_s,
+        serving=None if scenario.serving is None else scenario.serving.model(),
+        traffic=None if scenario.serving is None else build_traffic(scenario.serving.traffic),
     )
 
 

@@ -6,11 +6,16 @@ the installed lookup, read once per step exactly as vLLM's scheduler reads
 ``dynamic_sd_lookup[batch_size]`` (a plain list, or the plugin's ``StepPolicy`` with exploration
 and hysteresis), or from any ``choose_k(batch_size, step_index)`` callable.
 
-Steps that share (B, a) run as one batch: the k sequence is read step by step (cheap), then the
-accepted counts of all n*B drafts of one k are ONE multinomial draw, so a thousand engines cost
-little. Counters follow vLLM 0.26 (per step with k > 0: num_drafts += B, num_draft_tokens += B*k,
-accepted per position) and the plugin (draft tokens per position, batch-size and step-duration
-histograms).
+Step time is the profile's T(B, k) (the truth is the profile), or, with a serving model, what
+``tabletune.sim.serving`` makes of it under the traffic shape of the time: prefill riding along,
+CUDA-graph misses above the capture limit, context cost (the truth is then that model, and the
+profile the daemon is given is deliberately wrong).
+
+Steps that share (B, a, shape) run as one batch: the k sequence is read step by step (cheap),
+per-step prefill is drawn as vectors, then the accepted counts of all n*B drafts of one k are ONE
+multinomial draw, so a thousand engines cost little. Counters follow vLLM 0.26 (per step with
+k > 0: num_drafts += B, num_draft_tokens += B*k, accepted per position) and the plugin (draft
+tokens per position, per-step timing cells of ``tabletune.step_cells``).
 """
 
 from __future__ import annotations
@@ -23,14 +28,15 @@ from typing import Protocol
 
 import numpy as np
 
-from tabletune import metric_names as names
-from tabletune.plugin.metrics_core import STEP_DURATION_BUCKETS
-from tabletune.sim.processes import AcceptanceProcess, LoadProcess
-from tabletune.solver import StepTimes, tau
+from tabletune.sim.draws import DrawStream, PrefillStream
+from tabletune.sim.processes import AcceptanceProcess, LoadProcess, TrafficProcess
+from tabletune.sim.serving import ServingModel, TrafficShape
+from tabletune.sim.step_model import StepModel
+from tabletune.solver import Solution, StepTimes, build_table, tau
+from tabletune.step_cells import CellKey, CellTotals, cell_key
 
 ChooseK = Callable[[int, int], int]
 MAX_STEPS_PER_BATCH = 20_000
-NOISE_BLOCK = 4096
 TRUTH_HISTORY = 720
 
 
@@ -45,20 +51,6 @@ class Lookup(Protocol):
 
 
 @dataclass
-class DurationHistogram:
-    counts: np.ndarray  # per bucket of STEP_DURATION_BUCKETS, then +Inf; not cumulative
-    total_s: float = 0.0
-
-    @classmethod
-    def empty(cls) -> DurationHistogram:
-        return cls(counts=np.zeros(len(STEP_DURATION_BUCKETS) + 1, dtype=np.int64))
-
-    @property
-    def count(self) -> int:
-        return int(self.counts.sum())
-
-
-@dataclass
 class Counters:
     """Everything the engine has counted since it (re)started, as vLLM and the plugin do."""
 
@@ -69,11 +61,10 @@ class Counters:
     steps: int = 0
     accepted_per_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     draft_tokens_per_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    batch_size_counts: np.ndarray = field(
-        default_factory=lambda: np.zeros(len(names.BATCH_SIZE_BUCKETS) + 1, dtype=np.int64)
-    )
-    batch_size_sum: int = 0
-    step_durations: dict[tuple[int, str], DurationHistogram] = field(default_factory=dict)
+    # Per step-time cell: steps, seconds, seconds squared, scheduled tokens, scheduled requests.
+    cells: dict[CellKey, np.ndarray] = field(default_factory=dict)
+    # Every emulated step decodes (B >= 1 requests; prefill rides along): always 0.
+    steps_without_decode: int = 0
 
     def __post_init__(self) -> None:
         if self.accepted_per_pos.size == 0:
@@ -84,6 +75,10 @@ class Counters:
     @property
     def num_accepted_tokens(self) -> int:
         return int(self.accepted_per_pos.sum())
+
+    def step_cells(self) -> dict[CellKey, CellTotals]:
+        """The cells' totals, as the plugin's ``StepCellCounter.totals()`` gives them."""
+        return {key: CellTotals(*(float(v) for v in sums)) for key, sums in self.cells.items()}
 
 
 @dataclass(frozen=True)
@@ -96,6 +91,7 @@ class StepBatch:
     rates: tuple[float, ...]
     ks: np.ndarray  # k of each step, in order
     durations_s: np.ndarray
+    scheduled_tokens: np.ndarray  # per step: B * (1 + k) + prefill tokens
     drafted_per_pos: np.ndarray  # requests that drafted position i (1-based i = index + 1)
     accepted_per_pos: np.ndarray  # requests that kept position i
     tokens: int  # generated (kept guesses + one token per request per step)
@@ -169,6 +165,8 @@ class EngineSim:
         seed: int = 0,
         start_s: float = 0.0,
         truth_interval_s: float = 10.0,
+        serving: ServingModel | None = None,
+        traffic: TrafficProcess | None = None,
     ) -> None:
         if max_num_seqs > step_times.max_batch:
             raise SimError(
@@ -177,9 +175,18 @@ class EngineSim:
             )
         if step_noise < 0:
             raise SimError("step_noise must be >= 0")
+        if (serving is None) != (traffic is None):
+            raise SimError("a serving model needs a traffic process, and a traffic process one")
+        if (
+            serving is not None
+            and serving.prefill_budget(max_num_seqs * (1 + num_speculative_tokens)) < 0
+        ):
+            raise SimError("max_num_batched_tokens is below max_num_seqs * (1 + K)")
         self.step_times = step_times
         self.load = load
         self.acceptance = acceptance
+        self.serving = serving
+        self.traffic = traffic
         self.num_speculative_tokens = num_speculative_tokens
         self.max_num_seqs = max_num_seqs
         self.lookup = lookup
@@ -187,7 +194,14 @@ class EngineSim:
         self.step_noise = step_noise
         self.truth_interval_s = truth_interval_s
         self.rng = np.random.default_rng([seed, 0])  # acceptance draws
-        self._noise_rng = np.random.default_rng([seed, 1])  # step-time noise
+        sigma = step_noise  # mean-one lognormal step-time factors, one per step
+        self._noise = DrawStream(
+            np.random.default_rng([seed, 1]),
+            lambda rng, n: rng.lognormal(-sigma * sigma / 2.0, sigma, n),
+        )
+        self._prefill = PrefillStream(
+            np.random.default_rng([seed, 2]), np.random.default_rng([seed, 3])
+        )
         self.now = start_s
         self.step_index = 0  # steps since the (re)start, as the engine counts them
         self.down_until = start_s
@@ -197,33 +211,63 @@ class EngineSim:
         self.oracle_ks = tuple(sorted(set(profiled if oracle_ks is None else oracle_ks)))
         if not self.oracle_ks or any(k not in step_times.ks for k in self.oracle_ks):
             raise SimError(f"oracle k {self.oracle_ks} must be profiled ({step_times.ks})")
-        self._rows = self._step_rows()
-        self._noise = np.ones(0)
-        self._noise_at = 0
-        self._oracle_cache: dict[tuple[int, tuple[float, ...]], tuple[int, float]] = {}
+        self.model = StepModel(
+            step_times,
+            num_speculative_tokens=num_speculative_tokens,
+            max_num_seqs=max_num_seqs,
+            serving=serving,
+        )
+        self._oracle_cache: dict[
+            tuple[int, tuple[float, ...], TrafficShape | None], tuple[int, float]
+        ] = {}
         start = (start_s // truth_interval_s) * truth_interval_s
         self.interval = TruthInterval(start_s=start, end_s=start + truth_interval_s)
         self.history: deque[TruthInterval] = deque(maxlen=TRUTH_HISTORY)
 
     # -- model -------------------------------------------------------------------------------
 
-    def _step_rows(self) -> list[list[float]]:
-        """Step time in seconds, ``rows[k][B]`` for k = 0..K, B = 0..max_num_seqs.
-
-        A k that was not profiled (set with allow_uncaptured) runs as the next profiled k
-        above it, or the longest one: it has no captured graph, so it is not cheaper.
-        """
-        dense = self.step_times.dense(self.max_num_seqs) / 1000.0
-        rows = []
-        for k in range(self.num_speculative_tokens + 1):
-            above = [p for p in self.step_times.ks if p >= k]
-            use = above[0] if above else self.step_times.ks[-1]
-            row = dense[self.step_times.ks.index(use)]
-            rows.append([float(row[0]), *(float(v) for v in row)])
-        return rows
-
     def step_time_s(self, batch_size: int, k: int) -> float:
-        return self._rows[k][batch_size]
+        """The profile's T(B, k): what the daemon is given, not necessarily the truth."""
+        return self.model.profile_lists[k][batch_size]
+
+    def shape(self, t: float | None = None) -> TrafficShape | None:
+        """The traffic shape at time t (default now); None without a serving model."""
+        return None if self.traffic is None else self.traffic.at(self.now if t is None else t)
+
+    def _now_rates(self, rates: tuple[float, ...] | None) -> tuple[float, ...]:
+        return self.acceptance.at(self.now) if rates is None else rates
+
+    def true_step_s(
+        self,
+        batch_size: int,
+        k: int,
+        rates: tuple[float, ...] | None = None,
+        shape: TrafficShape | None = None,
+    ) -> float:
+        """The TRUE expected step time at (B, k) under the acceptance and the traffic shape
+        (defaults: those of now). Without a serving model it is the profile's."""
+        shape = shape if shape is not None else self.shape()
+        return float(self.model.true_rows(self._now_rates(rates), shape)[k, batch_size])
+
+    def true_step_times(
+        self, rates: tuple[float, ...] | None = None, shape: TrafficShape | None = None
+    ) -> StepTimes:
+        """The true expected T(B, k) for B = 1..max_num_seqs and the profiled k, as the solver
+        takes step times (``build_table``, ``evaluate_table``)."""
+        shape = shape if shape is not None else self.shape()
+        return self.model.true_step_times(self._now_rates(rates), shape)
+
+    def oracle_table(
+        self, rates: tuple[float, ...] | None = None, shape: TrafficShape | None = None
+    ) -> Solution:
+        """The truth-optimal table (the allowed k only) for the acceptance and shape (now)."""
+        rates = self._now_rates(rates)
+        return build_table(
+            self.true_step_times(rates, shape),
+            rates,
+            allowed_k=self.oracle_ks,
+            max_batch=self.max_num_seqs,
+        )
 
     def running(self, t: float | None = None) -> int:
         """Requests in the batch (vLLM's num_requests_running) at time t (default now)."""
@@ -245,19 +289,28 @@ class EngineSim:
             return int(table_k(batch_size))
         return int(self.lookup[batch_size])
 
-    def goodput(self, batch_size: int, k: int, rates: tuple[float, ...]) -> float:
-        """Expected kept tokens per second at (B, k) with acceptance ``rates``."""
-        return batch_size * tau(rates, k) / self.step_time_s(batch_size, k)
+    def goodput(
+        self,
+        batch_size: int,
+        k: int,
+        rates: tuple[float, ...],
+        shape: TrafficShape | None = None,
+    ) -> float:
+        """Expected kept tokens per second at (B, k) with acceptance ``rates`` (true T)."""
+        return batch_size * tau(rates, k) / self.true_step_s(batch_size, k, rates, shape)
 
-    def best_k(self, batch_size: int, rates: tuple[float, ...]) -> tuple[int, float]:
-        """The allowed k with the highest goodput at this load, and that goodput."""
-        key = (batch_size, rates)
+    def best_k(
+        self, batch_size: int, rates: tuple[float, ...], shape: TrafficShape | None = None
+    ) -> tuple[int, float]:
+        """The allowed k with the highest true goodput at this load, and that goodput."""
+        shape = shape if shape is not None else self.shape()
+        key = (batch_size, rates, shape)
         found = self._oracle_cache.get(key)
         if found is None:
             if len(self._oracle_cache) > 4096:
                 self._oracle_cache.clear()
-            best = max(self.oracle_ks, key=lambda k: self.goodput(batch_size, k, rates))
-            found = self._oracle_cache[key] = (best, self.goodput(batch_size, best, rates))
+            best = max(self.oracle_ks, key=lambda k: self.goodput(batch_size, k, rates, shape))
+            found = self._oracle_cache[key] = (best, self.goodput(batch_size, best, rates, shape))
         return found
 
     # -- control -----------------------------------------------------------------------------
@@ -267,11 +320,12 @@ class EngineSim:
         self.lookup = lookup
 
     def restart(self, *, downtime_s: float = 0.0) -> None:
-        """vLLM restarts: every counter from zero, no steps for ``downtime_s``. The caller
-        installs the starting table again (as vLLM builds it from its config)."""
+        """vLLM restarts: every counter from zero, no steps for ``downtime_s``, no prefill
+        waiting. The caller installs the starting table again (as vLLM builds it)."""
         self.counters = Counters(num_positions=self.num_speculative_tokens)
         self.step_index = 0
         self.down_until = self.now + downtime_s
+        self._prefill.backlog = 0
 
     # -- running -----------------------------------------------------------------------------
 
@@ -295,6 +349,7 @@ class EngineSim:
                 self.load.next_change(self.now),
                 self.acceptance.next_change(self.now),
                 self.interval.end_s,
+                math.inf if self.traffic is None else self.traffic.next_change(self.now),
             )
             if boundary <= self.now:  # rounding at a change point: never stand still
                 boundary = min(target_s, math.nextafter(self.now, math.inf))
@@ -331,24 +386,6 @@ class EngineSim:
             start = self.interval.end_s
             self.interval = TruthInterval(start_s=start, end_s=start + self.truth_interval_s)
 
-    def _noise_ahead(self, count: int) -> np.ndarray:
-        """The next ``count`` mean-one lognormal step-time factors, without using them up.
-
-        They come from their own stream and are used up one per step (``_use_noise``), so step
-        times do not depend on how steps were grouped into batches."""
-        available = self._noise.size - self._noise_at
-        if available < count:
-            sigma = self.step_noise
-            fresh = self._noise_rng.lognormal(
-                -sigma * sigma / 2.0, sigma, max(NOISE_BLOCK, count - available)
-            )
-            self._noise = np.concatenate((self._noise[self._noise_at :], fresh))
-            self._noise_at = 0
-        return self._noise[self._noise_at : self._noise_at + count]
-
-    def _use_noise(self, count: int) -> None:
-        self._noise_at += count
-
     def _choose(self, batch: int) -> int:
         if self.choose_k is not None:
             k = int(self.choose_k(batch, self.step_index))
@@ -366,71 +403,135 @@ class EngineSim:
         self, batch: int, rates: tuple[float, ...], until: float, *, single: bool = False
     ) -> StepBatch:
         start = self.now
+        shape = self.shape(start)
         if not single and self.choose_k is None and isinstance(self.lookup, list | tuple | None):
-            k_array, durations = self._run_fixed(batch, until - start)
+            ks, durations, tokens = self._run_fixed(batch, rates, shape, until - start)
         else:
-            k_array, durations = self._run_per_step(batch, until - start, single=single)
+            ks, durations, tokens = self._run_per_step(
+                batch, rates, shape, until - start, single=single
+            )
         self.now = start + float(durations.sum())
-        outcome = self._count(batch, rates, k_array, durations, start)
+        outcome = self._count(batch, rates, shape, ks, durations, tokens, start)
         for observer in self.on_steps:
             observer(outcome)
         return outcome
 
-    def _run_fixed(self, batch: int, budget_s: float) -> tuple[np.ndarray, np.ndarray]:
+    def _run_fixed(
+        self, batch: int, rates: tuple[float, ...], shape: TrafficShape | None, budget_s: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A plain lookup list gives the same k to every step at one batch size: the steps
         that start within ``budget_s`` are counted in one go, whatever their number."""
         k = self._choose(batch)
-        seconds = self._rows[k][batch]
-        if self.step_noise > 0:
-            guess = min(MAX_STEPS_PER_BATCH, math.ceil(1.25 * budget_s / seconds) + 8)
-            durations = seconds * self._noise_ahead(guess)
-            ends = np.cumsum(durations)
-            count = min(guess, int(np.searchsorted(ends, budget_s, side="left")) + 1)
-            durations = durations[:count]
-            self._use_noise(count)
-        else:
+        seconds = self.model.profile_lists[k][batch]
+        decode = batch * (1 + k)
+        if shape is None and self.step_noise == 0:
             count = min(MAX_STEPS_PER_BATCH, max(1, math.ceil(budget_s / seconds - 1e-12)))
-            durations = np.full(count, seconds)
+            self.step_index += count
+            return (
+                np.full(count, k, dtype=np.int64),
+                np.full(count, seconds),
+                np.full(count, decode, dtype=np.int64),
+            )
+        # Profile time is the shortest a step can be (before noise): enough steps to look at.
+        guess = min(MAX_STEPS_PER_BATCH, math.ceil(1.25 * budget_s / seconds) + 8)
+        durations = np.full(guess, seconds)
+        tokens = np.full(guess, decode, dtype=np.int64)
+        if shape is not None:
+            assert self.serving is not None
+            constants = self.model.batch(batch, rates, shape)
+            served, arrivals, backlog = self._prefill.ahead(
+                guess, constants.arrival_cdfs[k], shape, constants.room[k]
+            )
+            durations = self.serving.step_seconds(
+                constants.base_s[k], served, constants.miss_above[k]
+            )
+            tokens = tokens + served
+        if self.step_noise > 0:
+            durations = durations * self._noise.peek(guess)
+        ends = np.cumsum(durations)
+        count = min(guess, int(np.searchsorted(ends, budget_s, side="left")) + 1)
+        if self.step_noise > 0:
+            self._noise.use(count)
+        if shape is not None:
+            self._prefill.use(count, arrivals, backlog)
         self.step_index += count
-        return np.full(count, k, dtype=np.int64), durations
+        return np.full(count, k, dtype=np.int64), durations[:count], tokens[:count]
 
     def _run_per_step(
-        self, batch: int, budget_s: float, *, single: bool
-    ) -> tuple[np.ndarray, np.ndarray]:
+        self,
+        batch: int,
+        rates: tuple[float, ...],
+        shape: TrafficShape | None,
+        budget_s: float,
+        *,
+        single: bool,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Read k once per step (the plugin's StepPolicy or a ``choose_k`` policy)."""
-        rows = self._rows
+        rows = self.model.profile_lists
         ks: list[int] = []
         seconds: list[float] = []
+        prefill: list[int] = []
         elapsed = 0.0
         noisy = self.step_noise > 0
+        cursor = None
+        if shape is not None:
+            assert self.serving is not None
+            step_seconds = self.serving.step_seconds
+            constants = self.model.batch(batch, rates, shape)
+            base, miss = constants.base_s, constants.miss_above
+            room, cdfs = constants.room, constants.arrival_cdf_lists
+            cursor = self._prefill.cursor(shape)
         while True:
             k = self._choose(batch)
             self.step_index += 1
-            duration = rows[k][batch]
+            if cursor is None:
+                duration = rows[k][batch]
+            else:
+                served = cursor.next(cdfs[k], room[k])
+                prefill.append(served)
+                duration = step_seconds(base[k], served, miss[k])
             if noisy:
-                duration *= float(self._noise_ahead(1)[0])
-                self._use_noise(1)
+                duration *= float(self._noise.peek(1)[0])
+                self._noise.use(1)
             ks.append(k)
             seconds.append(duration)
             elapsed += duration
             if single or elapsed >= budget_s or len(ks) >= MAX_STEPS_PER_BATCH:
                 break
-        return np.asarray(ks, dtype=np.int64), np.asarray(seconds)
+        k_array = np.asarray(ks, dtype=np.int64)
+        tokens = batch * (1 + k_array)
+        if cursor is not None:
+            cursor.commit()
+            tokens += np.asarray(prefill, dtype=np.int64)
+        return k_array, np.asarray(seconds), tokens
 
     def _count(
         self,
         batch: int,
         rates: tuple[float, ...],
+        shape: TrafficShape | None,
         ks: np.ndarray,
         durations: np.ndarray,
+        tokens_per_step: np.ndarray,
         start: float,
     ) -> StepBatch:
         counters = self.counters
         big_k = self.num_speculative_tokens
         per_k = np.bincount(ks, minlength=big_k + 1)
+        seconds: np.ndarray
+        squares: np.ndarray
+        scheduled: np.ndarray
+        if int(per_k.max()) == ks.size:  # one k (a plain table): plain sums
+            only = per_k > 0
+            seconds = only * float(durations.sum())
+            squares = only * float(durations @ durations)
+            scheduled = only * float(tokens_per_step.sum())
+        else:
+            seconds = np.bincount(ks, weights=durations, minlength=big_k + 1)
+            squares = np.bincount(ks, weights=durations * durations, minlength=big_k + 1)
+            scheduled = np.bincount(ks, weights=tokens_per_step, minlength=big_k + 1)
         drafted = np.zeros(big_k, dtype=np.int64)
         accepted = np.zeros(big_k, dtype=np.int64)
-        bucket = names.batch_bucket(batch)
         expected = 0.0
         for k in (int(i) for i in np.flatnonzero(per_k)):
             steps = int(per_k[k])
@@ -443,22 +544,17 @@ class EngineSim:
                 prefix = self.rng.multinomial(requests, prefix_probabilities(rates, k))
                 # kept position i (0-based) <=> prefix length > i
                 accepted[:k] += np.cumsum(prefix[::-1])[::-1][1:]
-            histogram = counters.step_durations.get((k, bucket))
-            if histogram is None:
-                histogram = counters.step_durations[(k, bucket)] = DurationHistogram.empty()
-            mine = durations[ks == k] if per_k.size > 1 else durations
-            slots = np.searchsorted(STEP_DURATION_BUCKETS, mine, side="left")
-            histogram.counts += np.bincount(slots, minlength=histogram.counts.size)
-            histogram.total_s += float(mine.sum())
+            key = cell_key(k, batch)
+            sums = counters.cells.get(key)
+            if sums is None:
+                sums = counters.cells[key] = np.zeros(5)
+            sums += (steps, seconds[k], squares[k], scheduled[k], requests)
         steps_total = int(ks.size)
         tokens = steps_total * batch + int(accepted.sum())
         counters.accepted_per_pos += accepted
         counters.draft_tokens_per_pos += drafted
         counters.generation_tokens += tokens
         counters.steps += steps_total
-        slot = int(np.searchsorted(names.BATCH_SIZE_BUCKETS, batch, side="left"))
-        counters.batch_size_counts[slot] += steps_total
-        counters.batch_size_sum += steps_total * batch
         busy = float(durations.sum())
         interval = self.interval
         interval.steps += steps_total
@@ -466,7 +562,7 @@ class EngineSim:
         interval.request_steps += steps_total * batch
         interval.tokens += tokens
         interval.expected_tokens += expected
-        interval.oracle_tokens += self.best_k(batch, rates)[1] * busy
+        interval.oracle_tokens += self.best_k(batch, rates, shape)[1] * busy
         return StepBatch(
             start_s=start,
             end_s=self.now,
@@ -474,6 +570,7 @@ class EngineSim:
             rates=rates,
             ks=ks,
             durations_s=durations,
+            scheduled_tokens=tokens_per_step,
             drafted_per_pos=drafted,
             accepted_per_pos=accepted,
             tokens=tokens,

@@ -2,16 +2,17 @@
 engine's counters at scrape time (a collector over one replica, in that replica's own
 ``CollectorRegistry``; nothing global).
 
-Names, types, label names and buckets are the ones vLLM and the plugin use
-(``tabletune.metric_names``, ``tabletune.plugin.metrics_core``); a test compares them with the
-plugin's own families. Counters carry ``_created`` = the wall time the engine (re)started, so a
+Names, types and label names are the ones vLLM and the plugin use (``tabletune.metric_names``;
+the step-time cells through the plugin's own ``step_cell_families``); a test compares them with
+the plugin's families. Counters carry ``_created`` = the wall time the engine (re)started, so a
 restart shows to Prometheus exactly as vLLM's does: counters back at zero, a new ``_created``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
@@ -21,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from tabletune import metric_names as names
 from tabletune.plugin.controller import EngineTableController
-from tabletune.plugin.metrics_core import STEP_DURATION_BUCKETS
+from tabletune.plugin.step_metrics import EngineSteps, step_cell_families
 from tabletune.sim.engine import EngineSim
 
 ENGINE_LABELS = [names.LABEL_MODEL, names.LABEL_ENGINE]
@@ -42,33 +43,6 @@ class MetricsSource(Protocol):
 
     @property
     def label_values(self) -> tuple[str, str]: ...
-
-
-def bucket_label(bound: float) -> str:
-    """``le`` as prometheus_client writes it (1 -> "1.0", inf -> "+Inf")."""
-    return "+Inf" if math.isinf(bound) else repr(float(bound))
-
-
-def histogram_family(
-    name: str,
-    documentation: str,
-    labelnames: Sequence[str],
-    bounds: Sequence[float],
-    rows: Iterable[tuple[Sequence[str], np.ndarray, float]],
-    created: float,
-) -> Metric:
-    """A histogram from non-cumulative bucket counts (the last one is +Inf)."""
-    family = Metric(name, documentation, "histogram")
-    for values, counts, total in rows:
-        labels = dict(zip(labelnames, values, strict=True))
-        cumulative = np.cumsum(counts)
-        for bound, count in zip([*bounds, math.inf], cumulative, strict=True):
-            le = {**labels, "le": bucket_label(bound)}
-            family.add_sample(f"{name}_bucket", le, float(count))
-        family.add_sample(f"{name}_count", labels, float(cumulative[-1]))
-        family.add_sample(f"{name}_sum", labels, float(total))
-        family.add_sample(f"{name}_created", labels, created)
-    return family
 
 
 class SimCollector(Collector):
@@ -134,25 +108,8 @@ class SimCollector(Collector):
             "Draft tokens per draft position.",
             c.draft_tokens_per_pos,
         )
-        yield histogram_family(
-            names.TT_DECODE_BATCH_SIZE,
-            "Number of decode requests per engine step.",
-            ENGINE_LABELS,
-            names.BATCH_SIZE_BUCKETS,
-            [(base, c.batch_size_counts, float(c.batch_size_sum))],
-            created,
-        )
-        yield histogram_family(
-            names.TT_STEP_DURATION,
-            "Histogram of pure-decode engine step durations in seconds, by draft length and "
-            "batch-size bucket.",
-            [*ENGINE_LABELS, names.LABEL_K, names.LABEL_BATCH_BUCKET],
-            STEP_DURATION_BUCKETS,
-            [
-                ([*base, str(k), bucket], histogram.counts, histogram.total_s)
-                for (k, bucket), histogram in sorted(c.step_durations.items())
-            ],
-            created,
+        yield from step_cell_families(
+            [EngineSteps(source.label_values, c.step_cells(), c.steps_without_decode, created)]
         )
         state = source.controller.state
         yield gauge(
@@ -189,6 +146,7 @@ def _go_float(value: float) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)  # label values repeat on every line and every scrape
 def _escape_value(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 

@@ -1,6 +1,7 @@
-"""Load B(t) and acceptance a(t) as functions of simulated time, built from scenario specs.
+"""Load B(t), acceptance a(t) and traffic shape as functions of simulated time, built from
+scenario specs.
 
-Both are piecewise constant: ``at(t)`` is the value from ``t`` until ``next_change(t)`` (inf
+All are piecewise constant: ``at(t)`` is the value from ``t`` until ``next_change(t)`` (inf
 when it never changes again), so the engine can run every step in between in one batch.
 Continuous shapes (diurnal, drift) are re-read every ``resolution_s``.
 """
@@ -18,6 +19,7 @@ import numpy as np
 
 from tabletune.errors import InputError
 from tabletune.sim import scenario as spec
+from tabletune.sim.serving import TrafficShape
 
 INF = math.inf
 
@@ -30,6 +32,12 @@ class LoadProcess(Protocol):
 
 class AcceptanceProcess(Protocol):
     def at(self, t: float) -> tuple[float, ...]: ...
+
+    def next_change(self, t: float) -> float: ...
+
+
+class TrafficProcess(Protocol):
+    def at(self, t: float) -> TrafficShape: ...
 
     def next_change(self, t: float) -> float: ...
 
@@ -250,3 +258,25 @@ class LoadOverride:
 
     def next_change(self, t: float) -> float:
         return min(self.before.next_change(t), self.at_s) if t < self.at_s else INF
+
+
+@dataclass(frozen=True)
+class ShapeSwitch:
+    """Traffic of one shape until ``at_s`` (never, for constant traffic), then another."""
+
+    before: TrafficShape
+    after: TrafficShape
+    at_s: float = INF
+
+    def at(self, t: float) -> TrafficShape:
+        return self.before if t < self.at_s else self.after
+
+    def next_change(self, t: float) -> float:
+        return self.at_s if t < self.at_s else INF
+
+
+def build_traffic(traffic: spec.Traffic) -> TrafficProcess:
+    if isinstance(traffic, spec.ConstantTraffic):
+        shape = traffic.shape.shape()
+        return ShapeSwitch(shape, shape)
+    return ShapeSwitch(traffic.before.shape(), traffic.after.shape(), traffic.at_s)

@@ -10,6 +10,7 @@ wall clock sees counters that grow ``speed`` times faster than real time but are
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -153,13 +154,18 @@ class Replica:
     # -- ground truth ------------------------------------------------------------------------
 
     def truth(self, *, last: int = 60) -> dict[str, Any]:
-        """What is really going on, for scoring a controller without trusting it."""
+        """What is really going on, for scoring a controller without trusting it.
+
+        With a serving model the truth is the model's expected step time under the traffic
+        shape of now, not the profile: ``oracle_table`` is the truth-optimal table and
+        ``profile_table`` what the profile alone would give."""
         now = self.sync()
         engine = self.engine
         rates = engine.acceptance.at(now)
         batch = engine.running()
         state = self.controller.state
-        oracle = build_table(
+        oracle = engine.oracle_table(rates)
+        profile_only = build_table(
             engine.step_times, rates, allowed_k=engine.oracle_ks, max_batch=engine.max_num_seqs
         )
         current: dict[str, Any] = {"batch_size": batch, "waiting": engine.waiting()}
@@ -174,12 +180,18 @@ class Replica:
                 "table_goodput_tokens_per_s": table_goodput,
                 "best_goodput_tokens_per_s": best,
                 "loss": 1.0 - table_goodput / best,
+                "step_ms": {
+                    str(k): 1000.0 * engine.true_step_s(batch, k, rates) for k in engine.oracle_ks
+                },
+                "profile_step_ms": {
+                    str(k): 1000.0 * engine.step_time_s(batch, k) for k in engine.oracle_ks
+                },
             }
         worst: dict[str, Any] | None = None
         if state.ranges is not None:
             try:
                 evaluation = evaluate_table(
-                    engine.step_times,
+                    engine.true_step_times(rates),
                     rates,
                     state.ranges,
                     max_batch=engine.max_num_seqs,
@@ -200,9 +212,11 @@ class Replica:
             "restarts": self.restarts,
             "down": self.down,
             "rates": list(rates),
+            "serving": self._serving_now(),
             "table": None if state.ranges is None else [list(r) for r in state.ranges],
             "table_version": state.version,
             "oracle_table": [list(r) for r in oracle.ranges],
+            "profile_table": [list(r) for r in profile_only.ranges],
             "allowed_k": list(engine.oracle_ks),
             "current": current,
             "table_worst_loss": worst,
@@ -216,6 +230,22 @@ class Replica:
                 "generation_tokens": c.generation_tokens,
                 "exploration_steps": self.controller.exploration_steps,
             },
+        }
+
+    def _serving_now(self) -> dict[str, Any] | None:
+        """The traffic shape of now and what it does to step times (None: no serving model)."""
+        engine = self.engine
+        shape = engine.shape()
+        if shape is None or engine.serving is None or engine.traffic is None:
+            return None
+        change = engine.traffic.next_change(engine.now)
+        return {
+            "shape": shape.name,
+            "mean_prompt_tokens": shape.prompt.mean,
+            "mean_output_tokens": shape.output.mean,
+            "mean_context_tokens": shape.mean_context,
+            "context_factor": engine.serving.context_factor(shape),
+            "next_shape_change_s": None if math.isinf(change) else change,
         }
 
 

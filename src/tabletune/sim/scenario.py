@@ -6,6 +6,7 @@ only: ``tabletune.sim.build`` turns it (with a profile) into a running emulated 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -27,6 +29,7 @@ from pydantic import (
 from tabletune.errors import InputError
 from tabletune.schemas.io import describe_validation_error
 from tabletune.schemas.table import TableError, normalize_ranges
+from tabletune.sim.serving import Lengths, ServingModel, TrafficShape
 
 SCENARIO_KIND = "tabletune.sim-scenario"
 PACKAGED = "tabletune.sim.scenarios"
@@ -212,6 +215,139 @@ def acceptance_rate_sets(spec: Acceptance) -> list[tuple[float, ...]]:
     return [spec.start_rates, spec.end_rates]
 
 
+# The serving model: traffic shapes (prompt and output lengths) and what they do to step times.
+
+MAX_LENGTH_TOKENS = 131_072  # bounds the length tables (a pmf over 1..max)
+
+
+class ConstantLengths(_Model):
+    kind: Literal["constant"]
+    tokens: int = Field(ge=1, le=MAX_LENGTH_TOKENS)
+
+    def lengths(self) -> Lengths:
+        return Lengths.constant(self.tokens)
+
+
+class UniformLengths(_Model):
+    """Every whole number of tokens in low..high equally likely."""
+
+    kind: Literal["uniform"]
+    low: int = Field(ge=1)
+    high: int = Field(le=MAX_LENGTH_TOKENS)
+
+    @model_validator(mode="after")
+    def _order(self) -> UniformLengths:
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+    def lengths(self) -> Lengths:
+        return Lengths.uniform(self.low, self.high)
+
+
+class LognormalLengths(_Model):
+    """exp(N(ln median, sigma^2)) rounded to whole tokens and clipped to 1..max."""
+
+    kind: Literal["lognormal"]
+    median: float = Field(gt=0)
+    sigma: float = Field(gt=0, le=4)
+    max: int = Field(ge=1, le=MAX_LENGTH_TOKENS, description="longer draws are cut to this")
+
+    @model_validator(mode="after")
+    def _median_fits(self) -> LognormalLengths:
+        if self.median > self.max:
+            raise ValueError(f"median ({self.median}) must be <= max ({self.max})")
+        return self
+
+    def lengths(self) -> Lengths:
+        return Lengths.lognormal(self.median, self.sigma, self.max)
+
+
+LengthSpec = Annotated[
+    ConstantLengths | UniformLengths | LognormalLengths, Field(discriminator="kind")
+]
+
+
+class TrafficShapeSpec(_Model):
+    """Requests of one kind of traffic: prompt and output lengths in tokens (independent)."""
+
+    name: str = ""
+    prompt: LengthSpec
+    output: LengthSpec
+
+    def shape(self) -> TrafficShape:
+        """The shape's maths; one object per distinct spec, shared by every replica (its
+        tables take memory and time to build)."""
+        return _shape_of(self)
+
+
+@functools.lru_cache(maxsize=64)
+def _shape_of(spec: TrafficShapeSpec) -> TrafficShape:
+    return TrafficShape(spec.name, spec.prompt.lengths(), spec.output.lengths())
+
+
+class ConstantTraffic(_Model):
+    kind: Literal["constant"]
+    shape: TrafficShapeSpec
+
+
+class SwitchTraffic(_Model):
+    """One shape until ``at_s``, another from then on (e.g. decode-heavy -> prefill-heavy)."""
+
+    kind: Literal["switch"]
+    before: TrafficShapeSpec
+    after: TrafficShapeSpec
+    at_s: float = Field(ge=0)
+
+
+Traffic = Annotated[ConstantTraffic | SwitchTraffic, Field(discriminator="kind")]
+
+
+def traffic_shapes(spec: Traffic) -> list[TrafficShapeSpec]:
+    """Every shape a traffic process is built from."""
+    return [spec.shape] if isinstance(spec, ConstantTraffic) else [spec.before, spec.after]
+
+
+class ServingSpec(_Model):
+    """Step times under serving traffic (``tabletune.sim.serving``); absent: the profile's."""
+
+    traffic: Traffic
+    graph_limit_tokens: int = Field(
+        default=512, ge=1, le=2048, description="largest captured CUDA-graph size, in tokens"
+    )
+    graph_miss_factor: float = Field(
+        default=1.8, ge=1, le=10, description="step time x this above the graph limit"
+    )
+    graph_misses_in_profile: bool = Field(
+        default=False,
+        description="the profile already holds pure-decode misses (B(1+k) > limit): a real one",
+    )
+    prefill_us_per_token: float = Field(default=8.0, ge=0, le=1000)
+    context_cost: float = Field(default=0.0, ge=0, le=10, description="per context_ref_tokens")
+    context_ref_tokens: float = Field(default=1024.0, gt=0)
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+
+    @model_validator(mode="after")
+    def _limit_fits_budget(self) -> ServingSpec:
+        if self.graph_limit_tokens > self.max_num_batched_tokens:
+            raise ValueError(
+                f"graph_limit_tokens ({self.graph_limit_tokens}) must be <= "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens})"
+            )
+        return self
+
+    def model(self) -> ServingModel:
+        return ServingModel(
+            graph_limit_tokens=self.graph_limit_tokens,
+            graph_miss_factor=self.graph_miss_factor,
+            graph_misses_in_profile=self.graph_misses_in_profile,
+            prefill_s_per_token=self.prefill_us_per_token * 1e-6,
+            context_cost=self.context_cost,
+            context_ref_tokens=self.context_ref_tokens,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+
 # Faults, in simulated seconds.
 
 
@@ -284,6 +420,9 @@ class Scenario(_Model):
     step_noise: float = Field(default=0.0, ge=0, le=1, description="relative sd of step times")
     truth_interval_s: float = Field(default=10.0, gt=0)
     faults: list[Fault] = Field(default_factory=list)
+    serving: ServingSpec | None = Field(
+        default=None, description="serving traffic model; absent: step time = the profile's"
+    )
 
     @model_validator(mode="after")
     def _rates_cover_k(self) -> Scenario:
@@ -295,6 +434,38 @@ class Scenario(_Model):
                 f"(engine.num_speculative_tokens), got {lengths}"
             )
         return self
+
+    @field_validator("serving")
+    @classmethod
+    def _prefill_fits(cls, serving: ServingSpec | None, info: ValidationInfo) -> ServingSpec | None:
+        engine = info.data.get("engine")  # absent when the engine section was invalid
+        if serving is not None and isinstance(engine, EngineSpec):
+            _check_prefill_fits(serving, engine)
+        return serving
+
+
+def _check_prefill_fits(serving: ServingSpec, engine: EngineSpec) -> None:
+    """At the heaviest load (B = max_num_seqs, k = K, every draft kept) the prompts arriving per
+    step must fit the token budget left beside the decode tokens, or prefill would fall behind
+    for good (the engine would be prefill-bound and B no longer its decode batch)."""
+    model = serving.model()
+    decode = engine.max_num_seqs * (1 + engine.num_speculative_tokens)
+    if model.prefill_budget(decode) <= 0:
+        raise ValueError(
+            f"max_num_batched_tokens ({serving.max_num_batched_tokens}) leaves no room "
+            f"for prefill beside max_num_seqs x (1 + K) = {decode} decode tokens"
+        )
+    for spec in traffic_shapes(serving.traffic):
+        share = model.worst_prefill_share(
+            engine.max_num_seqs, engine.num_speculative_tokens, spec.shape()
+        )
+        if share >= 1.0:
+            raise ValueError(
+                f"traffic: shape {spec.name or '(unnamed)'!r} needs "
+                f"{share:.0%} of the prefill budget at B=max_num_seqs, k=K: prefill would fall "
+                "behind for good; use shorter prompts, longer outputs or a larger "
+                "max_num_batched_tokens"
+            )
 
 
 def packaged_names() -> list[str]:
