@@ -21,12 +21,6 @@ from tabletune.admin.protocol import TableView
 from tabletune.plugin.step_metrics import EngineSteps, StepCellCollector
 from tabletune.plugin.wire import StepCellsRead
 
-# Kept for the emulator until it moves to step cells (sim/engine.py and sim/metrics.py import it).
-STEP_DURATION_BUCKETS: tuple[float, ...] = (
-    0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.01, 0.0125, 0.015, 0.0175, 0.02,
-    0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
-)  # fmt: skip
-
 ENGINE_LABELS = [names.LABEL_MODEL, names.LABEL_ENGINE]
 
 
