@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +12,8 @@ from hypothesis import strategies as st
 
 from tabletune.schemas import Profile, ProfileMetadata, load_profile
 from tabletune.schemas.profile import Cell, uncertainty_of
+from tests.unit.references import H200
 
-H200 = Path(__file__).resolve().parents[2] / "profiles" / "h200-qwen3-4b-eagle3.json"
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma per median absolute deviation
 
 

@@ -1,9 +1,9 @@
-"""DESIGN.md's worked examples, exactly."""
+"""Named reference cases through the solver: DESIGN.md's worked examples exactly, the
+noise-aware rules, and the committed H200 profile before and after them."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,30 +23,13 @@ from tabletune.solver import (
     tau,
 )
 from tests.unit.references import (
+    H200,
+    H200_EXACT_TABLE,
     REFERENCES,
     TABLE_REFERENCES,
     WORKED_RATES,
     Reference,
     TableReference,
-)
-
-H200 = Path(__file__).resolve().parents[2] / "profiles" / "h200-qwen3-4b-eagle3.json"
-# build_table on the committed H200 profile before the solver knew about noise (commit 51d6560):
-# the table that lost 5 % at B=128 on the GPU by flipping to k=2 on a noisy cell.
-H200_EXACT_TABLE = (
-    (1, 76, 3),
-    (77, 81, 2),
-    (82, 95, 3),
-    (96, 97, 2),
-    (98, 111, 3),
-    (112, 112, 2),
-    (113, 127, 3),
-    (128, 130, 2),
-    (131, 142, 1),
-    (143, 146, 2),
-    (147, 157, 1),
-    (158, 163, 2),
-    (164, 256, 1),
 )
 
 
