@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from itertools import pairwise
 
@@ -123,7 +122,7 @@ def test_the_rule_keeps_its_reference_unless_clearly_beaten(problem: TableProble
             continue
         r, b = KS.index(ref), KS.index(best)
         gain = g[b, column] - g[r, column]
-        noise = problem.confidence * math.hypot(sigma[b, column], sigma[r, column])
+        noise = problem.confidence * np.hypot(sigma[b, column], sigma[r, column])
         clear = g[b, column] > g[r, column] * (1 + problem.stickiness) and gain > noise
         assert chosen == (best if clear else ref)
 

@@ -14,14 +14,13 @@ exception: a short range at either end is as hard to reach through the hysteresi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from tabletune.solver.model import StepTimes, goodput_matrix
 from tabletune.solver.problem import DEFAULT_STICKINESS, TableProblem
-from tabletune.solver.ranges import compress
+from tabletune.solver.ranges import Range, compress
 from tabletune.solver.solution import RangeSummary, Solution
 
 
@@ -34,23 +33,25 @@ def solve(problem: TableProblem) -> Solution:
     relative = np.zeros_like(g) if problem.uncertainty is None else problem.uncertainty[rows]
     sigma = g * relative
     best = np.argmax(g, axis=0)  # first (smallest k) wins exact ties
-    reference = [-1] * problem.max_batch
+    reference = np.full(problem.max_batch, -1)
     if problem.baseline is not None:
-        reference = [ks.index(k) if k in problem.allowed_k else -1 for k in problem.baseline]
-    rule = _noise_aware_choice(g, sigma, best.tolist(), reference, problem)
+        row_of = {k: row for row, k in enumerate(ks)}
+        reference = np.array([row_of.get(k, -1) for k in problem.baseline])
+    rule = _noise_aware_choice(g, sigma, best, reference, problem)
     final = _merge_narrow_runs(rule, g, problem.min_width)
     columns = np.arange(problem.max_batch)
+    k_of = np.asarray(ks)
     solution = Solution(
         ranges=tuple((start, end, ks[row]) for start, end, row in compress(final)),
-        per_batch_k=tuple(ks[row] for row in final),
-        best_k=tuple(ks[row] for row in best.tolist()),
+        per_batch_k=tuple(k_of[final].tolist()),
+        best_k=tuple(k_of[best].tolist()),
         goodput=tuple(g[final, columns].tolist()),
         best_goodput=tuple(g[best, columns].tolist()),
         allowed_k=frozenset(problem.allowed_k),
         stickiness=problem.stickiness,
         goodput_sigma=tuple(sigma[final, columns].tolist()),
         best_goodput_sigma=tuple(sigma[best, columns].tolist()),
-        rule_k=tuple(ks[row] for row in rule),
+        rule_k=tuple(k_of[rule].tolist()),
         confidence=problem.confidence,
         min_width=problem.min_width,
         summaries=_summaries(ks, g, sigma, best, rule, final, problem),
@@ -83,28 +84,39 @@ def build_table(
 def _noise_aware_choice(
     g: np.ndarray,
     sigma: np.ndarray,
-    best: list[int],
-    reference: list[int],
+    best: np.ndarray,
+    reference: np.ndarray,
     problem: TableProblem,
 ) -> list[int]:
-    """Row per column: the reference row unless the best row beats it clearly (module doc)."""
-    keep = 1.0 + problem.stickiness
-    z = problem.confidence
-    g_columns = g.T.tolist()
-    sigma_columns = sigma.T.tolist()
-    choice: list[int] = []
-    for column, star in enumerate(best):
-        ref = reference[column]
-        if ref < 0:
-            ref = choice[-1] if choice else star
-        if star != ref:
-            goodput, spread = g_columns[column], sigma_columns[column]
-            gain = goodput[star] - goodput[ref]
-            noise = z * math.hypot(spread[star], spread[ref])
-            if not (goodput[star] > goodput[ref] * keep and gain > noise):
-                star = ref
-        choice.append(star)
-    return choice
+    """Row per column: the reference row unless the best row beats it clearly (module doc).
+
+    ``clear[r, c]``: the best row beats row r clearly at column c (never where r is the best).
+    Columns with a baseline reference are decided at once; chained ones (reference -1) walk
+    from one switch to the next, so the Python work grows with the switches, not with max_B.
+    """
+    columns = np.arange(g.shape[1])
+    g_best, sigma_best = g[best, columns], sigma[best, columns]
+    noise = problem.confidence * np.hypot(sigma_best, sigma)
+    clear = (g_best > g * (1.0 + problem.stickiness)) & (g_best - g > noise)
+    fixed = reference >= 0
+    choice = np.where(fixed & ~clear[np.maximum(reference, 0), columns], reference, best)
+    switches = [np.flatnonzero(row) for row in clear]
+    for start, end, is_fixed in compress(fixed.tolist()):
+        if is_fixed:
+            continue
+        column = start - 1  # chained columns start - 1 .. end - 1 (0-based)
+        row = int(choice[column - 1]) if column > 0 else int(best[0])
+        while column < end:
+            ahead = switches[row]
+            found = int(np.searchsorted(ahead, column))
+            switch = int(ahead[found]) if found < len(ahead) else end
+            switch = min(switch, end)
+            choice[column:switch] = row
+            if switch < end:
+                row = int(best[switch])
+                choice[switch] = row
+            column = switch + 1
+    return [int(row) for row in choice.tolist()]
 
 
 def _merge_narrow_runs(choice: list[int], g: np.ndarray, min_width: int) -> list[int]:
@@ -140,50 +152,67 @@ def _summaries(
     final: list[int],
     problem: TableProblem,
 ) -> tuple[RangeSummary, ...]:
-    final_rows = np.asarray(final)
-    rule_rows = np.asarray(rule)
+    """Per range: mean goodput and sigma, the best other k, and why (counts per reason)."""
+    bounds = compress(final)
+    starts = np.array([start - 1 for start, _, _ in bounds])
+    ends = np.array([end for _, end, _ in bounds])
+    rows = np.array([row for _, _, row in bounds])
+    widths = ends - starts
+    order = np.arange(len(bounds))
+
+    def span_means(values: np.ndarray) -> np.ndarray:
+        prefix = np.cumsum(values, axis=-1)
+        prefix = np.concatenate([np.zeros((*values.shape[:-1], 1)), prefix], axis=-1)
+        result: np.ndarray = (prefix[..., ends] - prefix[..., starts]) / widths
+        return result
+
     columns = np.arange(problem.max_batch)
+    final_rows, rule_rows = np.asarray(final), np.asarray(rule)
+    means = span_means(g)  # (k rows, ranges)
+    others = means.copy()
+    others[rows, order] = -np.inf
+    alternative = np.argmax(others, axis=0)  # the smallest k on a tie
     chosen = g[final_rows, columns]
+    merged = rule_rows != final_rows
+    at_best = ~merged & (best == final_rows)
     near = chosen * (1.0 + problem.stickiness) >= g[best, columns] * (1.0 - 1e-12)
+    reasons = np.vstack([at_best, ~merged & ~at_best & near, ~merged & ~at_best & ~near])
+    counts = np.rint(span_means(reasons.astype(float)) * widths).astype(int).T.tolist()
+    sigmas = span_means(sigma[final_rows, columns]).tolist()
+    absorbed: list[list[tuple[int, int, int]]] = [[] for _ in bounds]
+    for a, b, r in compress(rule):
+        if merged[a - 1]:  # a merge relabels whole runs
+            absorbed[int(np.searchsorted(ends, b))].append((a, b, ks[r]))
     out = []
-    for start, end, row in compress(final):
-        span = slice(start - 1, end)
-        means = g[:, span].mean(axis=1)
-        others = [r for r in range(len(ks)) if r != row]
-        alternative = max(others, key=lambda r: (means[r], -r)) if others else None
-        absorbed = tuple(
-            (a, b, ks[r]) for a, b, r in compress(rule) if start <= a and b <= end and r != row
-        )
-        merged = rule_rows[span] != row
-        at_best = ~merged & (best[span] == row)
-        sticky = ~merged & ~at_best & near[span]
-        noisy = ~merged & ~at_best & ~near[span]
-        parts = [
-            f"best k at {int(at_best.sum())} of {end - start + 1} B" if at_best.any() else "",
-            f"within {problem.stickiness:.1%} of the best at {int(sticky.sum())}"
-            if sticky.any()
-            else "",
-            f"within {problem.confidence:g} sigma of the best at {int(noisy.sum())}"
-            if noisy.any()
-            else "",
-            f"min width {problem.min_width}: took over "
-            + ", ".join(f"{a}..{b} (k={k})" for a, b, k in absorbed)
-            if absorbed
-            else "",
-        ]
+    for i, (start, end, row) in enumerate(bounds):
+        alt = int(alternative[i]) if len(ks) > 1 else None
+        margin = None if alt is None else float(means[row, i] / means[alt, i] - 1)
         out.append(
             RangeSummary(
                 start=start,
                 end=end,
                 k=ks[row],
-                goodput=float(means[row]),
-                goodput_sigma=float(sigma[row, span].mean()),
-                alternative_k=None if alternative is None else ks[alternative],
-                alternative_margin=(
-                    None if alternative is None else float(means[row] / means[alternative] - 1)
-                ),
-                absorbed=absorbed,
-                why="; ".join(p for p in parts if p),
+                goodput=float(means[row, i]),
+                goodput_sigma=sigmas[i],
+                alternative_k=None if alt is None else ks[alt],
+                alternative_margin=margin,
+                absorbed=tuple(absorbed[i]),
+                why=_why(end - start + 1, counts[i], tuple(absorbed[i]), problem),
             )
         )
     return tuple(out)
+
+
+def _why(width: int, counts: list[int], absorbed: tuple[Range, ...], problem: TableProblem) -> str:
+    """``counts``: batch sizes where k is the best, within the stickiness, within z sigma."""
+    at_best, sticky, noisy = counts
+    parts = [
+        f"best k at {at_best} of {width} B" if at_best else "",
+        f"within {problem.stickiness:.1%} of the best at {sticky}" if sticky else "",
+        f"within {problem.confidence:g} sigma of the best at {noisy}" if noisy else "",
+        f"min width {problem.min_width}: took over "
+        + ", ".join(f"{a}..{b} (k={k})" for a, b, k in absorbed)
+        if absorbed
+        else "",
+    ]
+    return "; ".join(part for part in parts if part)

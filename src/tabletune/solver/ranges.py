@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from tabletune.solver.errors import SolverError
 
 Range = tuple[int, int, int]
@@ -19,14 +21,14 @@ Range = tuple[int, int, int]
 
 def compress(per_batch: Sequence[int]) -> tuple[Range, ...]:
     """Per-batch-size k (``per_batch[i]`` is k at B=i+1) -> the fewest inclusive ranges."""
-    ranges: list[Range] = []
-    for index, k in enumerate(per_batch):
-        b = index + 1
-        if ranges and ranges[-1][2] == k:
-            ranges[-1] = (ranges[-1][0], b, int(k))
-        else:
-            ranges.append((b, b, int(k)))
-    return tuple(ranges)
+    values = np.asarray(per_batch, dtype=int)
+    if values.size == 0:
+        return ()
+    changes = (np.flatnonzero(values[1:] != values[:-1]) + 1).tolist()
+    starts = [0, *changes]
+    ends = [*changes, int(values.size)]
+    ks = values[starts].tolist()
+    return tuple((start + 1, end, k) for start, end, k in zip(starts, ends, ks, strict=True))
 
 
 def expand(ranges: Sequence[Range], max_batch: int) -> tuple[int, ...]:

@@ -5,8 +5,9 @@ Goodput is in tokens/ms; every sigma is absolute (tokens/ms), from sigma_G / G =
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from tabletune.solver.errors import SolverError
 from tabletune.solver.ranges import Range, compress, expand
@@ -94,34 +95,25 @@ class Solution:
             raise SolverError(f"ranges end at {expected_start - 1}, not at {self.max_batch}")
 
     def _check_choices(self) -> None:
-        merged = self._narrow_rule_runs()
-        for index, (chosen, rule) in enumerate(zip(self.per_batch_k, self.rule_k, strict=True)):
-            b = index + 1
-            if chosen != rule:
-                if b not in merged:
-                    raise SolverError(
-                        f"B={b}: k={chosen} replaces the rule's k={rule} though its run is not "
-                        f"narrower than min_width={self.min_width}"
-                    )
-                continue
-            got, best = self.goodput[index], self.best_goodput[index]
-            if got * (1.0 + self.stickiness) >= best * (1.0 - _SLACK):
-                continue
-            noise = self.confidence * math.hypot(
-                self.goodput_sigma[index], self.best_goodput_sigma[index]
-            )
-            if best - got <= noise + _SLACK * best:
-                continue
+        chosen, rule = np.asarray(self.per_batch_k), np.asarray(self.rule_k)
+        runs = compress(self.rule_k)
+        widths = np.array([end - start + 1 for start, end, _ in runs])
+        in_narrow_run = np.repeat(widths < self.min_width, widths)
+        unexplained = np.flatnonzero((chosen != rule) & ~in_narrow_run)
+        if unexplained.size:
+            b = int(unexplained[0]) + 1
             raise SolverError(
-                f"B={b}: chosen goodput {got:.6g} is more than {self.stickiness:.1%} and "
-                f"{self.confidence:g} sigma ({noise:.3g}) below the best {best:.6g}"
+                f"B={b}: k={chosen[b - 1]} replaces the rule's k={rule[b - 1]} though its run "
+                f"is not narrower than min_width={self.min_width}"
             )
-
-    def _narrow_rule_runs(self) -> set[int]:
-        """Batch sizes in runs of the rule's choice that a min-width merge may relabel."""
-        return {
-            b
-            for start, end, _ in compress(self.rule_k)
-            if end - start + 1 < self.min_width
-            for b in range(start, end + 1)
-        }
+        got, best = np.asarray(self.goodput), np.asarray(self.best_goodput)
+        noise = self.confidence * np.hypot(self.goodput_sigma, self.best_goodput_sigma)
+        near = got * (1.0 + self.stickiness) >= best * (1.0 - _SLACK)
+        inside_noise = best - got <= noise + _SLACK * best
+        too_far = np.flatnonzero((chosen == rule) & ~near & ~inside_noise)
+        if too_far.size:
+            i = int(too_far[0])
+            raise SolverError(
+                f"B={i + 1}: chosen goodput {got[i]:.6g} is more than {self.stickiness:.1%} and "
+                f"{self.confidence:g} sigma ({noise[i]:.3g}) below the best {best[i]:.6g}"
+            )
