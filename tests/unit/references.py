@@ -4,11 +4,14 @@ solver and CLI tests. Every expected value below is worked out by hand in its co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tabletune.schemas import AcceptanceProfile, Profile, ProfileMetadata
+from tabletune.schemas.profile import Cell
 from tabletune.solver import Range, StepTimes, TableProblem
 
 WORKED_RATES = (0.7, 0.5, 0.3)
@@ -30,6 +33,26 @@ H200_EXACT_TABLE = (
     (158, 163, 2),
     (164, 256, 1),
 )
+
+
+def profile_of(
+    cells: tuple[Cell, ...], *, rates: tuple[float, ...] | None = None, gpu: str = "test"
+) -> Profile:
+    """A small profile holding ``cells`` (the grid, ks, K and max_num_seqs follow from them)."""
+    grid = tuple(sorted({c.batch_size for c in cells}))
+    ks = tuple(sorted({c.k for c in cells}))
+    metadata = ProfileMetadata(
+        gpu=gpu,
+        engine_version="0.26.0",
+        model="m",
+        method="eagle3",
+        num_speculative_tokens=max(1, ks[-1]),
+        max_num_seqs=grid[-1],
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        tool_version="test",
+    )
+    acceptance = None if rates is None else AcceptanceProfile(rates=rates)
+    return Profile(metadata=metadata, batch_grid=grid, ks=ks, cells=cells, acceptance=acceptance)
 
 
 @dataclass(frozen=True)

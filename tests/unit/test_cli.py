@@ -4,39 +4,24 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from tabletune.cli.main import main
-from tabletune.schemas import AcceptanceProfile, Profile, ProfileMetadata, save_model
+from tabletune.schemas import save_model
 from tabletune.schemas.profile import Cell
-from tests.unit.references import H200, H200_EXACT_TABLE
+from tests.unit.references import H200, H200_EXACT_TABLE, profile_of
 
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sample-profile.json"
 
 
 def worked_profile(tmp_path: Path, t1: float, t3: float) -> Path:
-    profile = Profile(
-        metadata=ProfileMetadata(
-            gpu="worked example",
-            engine_version="0.26.0",
-            model="m",
-            method="eagle3",
-            num_speculative_tokens=3,
-            max_num_seqs=1,
-            created_at=datetime(2026, 1, 1, tzinfo=UTC),
-            tool_version="test",
-        ),
-        batch_grid=(1,),
-        ks=(1, 3),
-        cells=(
-            Cell(batch_size=1, k=1, samples_ms=(t1,), step_ms=t1),
-            Cell(batch_size=1, k=3, samples_ms=(t3,), step_ms=t3),
-        ),
-        acceptance=AcceptanceProfile(rates=(0.7, 0.5, 0.3)),
+    cells = (
+        Cell(batch_size=1, k=1, samples_ms=(t1,), step_ms=t1),
+        Cell(batch_size=1, k=3, samples_ms=(t3,), step_ms=t3),
     )
+    profile = profile_of(cells, rates=(0.7, 0.5, 0.3), gpu="worked example")
     path = tmp_path / f"worked-{t1}-{t3}.json"
     save_model(profile, path)
     return path

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletune.schemas import Profile, ProfileMetadata, load_profile
+from tabletune.schemas import load_profile
 from tabletune.schemas.profile import Cell, uncertainty_of
-from tests.unit.references import H200
+from tests.unit.references import H200, profile_of
 
 MAD_TO_SIGMA = 1.4826  # a normal distribution's sigma per median absolute deviation
 
@@ -54,21 +53,7 @@ def test_dense_uncertainty_is_interpolated_like_t() -> None:
         cell((9.0, 10.0, 11.0), noisy=True, b=1, k=1),
         cell((10.0,), b=5, k=1),
     )
-    profile = Profile(
-        metadata=ProfileMetadata(
-            gpu="g",
-            engine_version="0.26.0",
-            model="m",
-            method="eagle3",
-            num_speculative_tokens=1,
-            max_num_seqs=8,
-            created_at=datetime(2026, 1, 1, tzinfo=UTC),
-            tool_version="test",
-        ),
-        batch_grid=(1, 5),
-        ks=(0, 1),
-        cells=cells,
-    )
+    profile = profile_of(cells)
     on_grid = profile.uncertainty_matrix()
     assert on_grid[0].tolist() == pytest.approx([cells[0].relative_sigma, cells[1].relative_sigma])
     dense = uncertainty_of(profile, 5)
