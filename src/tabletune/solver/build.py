@@ -35,8 +35,10 @@ def solve(problem: TableProblem) -> Solution:
     best = np.argmax(g, axis=0)  # first (smallest k) wins exact ties
     reference = np.full(problem.max_batch, -1)
     if problem.baseline is not None:
-        row_of = {k: row for row, k in enumerate(ks)}
-        reference = np.array([row_of.get(k, -1) for k in problem.baseline])
+        baseline = np.asarray(problem.baseline)
+        row_of = np.full(max(ks[-1], int(baseline.max())) + 1, -1)  # -1: k not allowed
+        row_of[ks] = np.arange(len(ks))
+        reference = row_of[baseline]
     rule = _noise_aware_choice(g, sigma, best, reference, problem)
     final = _merge_narrow_runs(rule, g, problem.min_width)
     columns = np.arange(problem.max_batch)
@@ -87,7 +89,7 @@ def _noise_aware_choice(
     best: np.ndarray,
     reference: np.ndarray,
     problem: TableProblem,
-) -> list[int]:
+) -> np.ndarray:
     """Row per column: the reference row unless the best row beats it clearly (module doc).
 
     ``clear[r, c]``: the best row beats row r clearly at column c (never where r is the best).
@@ -116,10 +118,10 @@ def _noise_aware_choice(
                 row = int(best[switch])
                 choice[switch] = row
             column = switch + 1
-    return [int(row) for row in choice.tolist()]
+    return choice
 
 
-def _merge_narrow_runs(choice: list[int], g: np.ndarray, min_width: int) -> list[int]:
+def _merge_narrow_runs(choice: np.ndarray, g: np.ndarray, min_width: int) -> np.ndarray:
     """Relabel runs narrower than ``min_width`` until none is left (module doc)."""
     runs = [[start - 1, end - 1, row] for start, end, row in compress(choice)]
     if min_width <= 1 or len(runs) == 1:
@@ -137,10 +139,7 @@ def _merge_narrow_runs(choice: list[int], g: np.ndarray, min_width: int) -> list
         low = index - 1 if index > 0 and runs[index - 1][2] == row else index
         high = index + 1 if index + 1 < len(runs) and runs[index + 1][2] == row else index
         runs[low : high + 1] = [[runs[low][0], runs[high][1], row]]
-    merged: list[int] = []
-    for start, end, row in runs:
-        merged.extend([row] * (end - start + 1))
-    return merged
+    return np.repeat([row for _, _, row in runs], [end - start + 1 for start, end, _ in runs])
 
 
 def _summaries(
@@ -148,8 +147,8 @@ def _summaries(
     g: np.ndarray,
     sigma: np.ndarray,
     best: np.ndarray,
-    rule: list[int],
-    final: list[int],
+    rule: np.ndarray,
+    final: np.ndarray,
     problem: TableProblem,
 ) -> tuple[RangeSummary, ...]:
     """Per range: mean goodput and sigma, the best other k, and why (counts per reason)."""
@@ -167,18 +166,17 @@ def _summaries(
         return result
 
     columns = np.arange(problem.max_batch)
-    final_rows, rule_rows = np.asarray(final), np.asarray(rule)
     means = span_means(g)  # (k rows, ranges)
     others = means.copy()
     others[rows, order] = -np.inf
     alternative = np.argmax(others, axis=0)  # the smallest k on a tie
-    chosen = g[final_rows, columns]
-    merged = rule_rows != final_rows
-    at_best = ~merged & (best == final_rows)
+    chosen = g[final, columns]
+    merged = rule != final
+    at_best = ~merged & (best == final)
     near = chosen * (1.0 + problem.stickiness) >= g[best, columns] * (1.0 - 1e-12)
     reasons = np.vstack([at_best, ~merged & ~at_best & near, ~merged & ~at_best & ~near])
     counts = np.rint(span_means(reasons.astype(float)) * widths).astype(int).T.tolist()
-    sigmas = span_means(sigma[final_rows, columns]).tolist()
+    sigmas = span_means(sigma[final, columns]).tolist()
     absorbed: list[list[tuple[int, int, int]]] = [[] for _ in bounds]
     for a, b, r in compress(rule):
         if merged[a - 1]:  # a merge relabels whole runs

@@ -91,21 +91,22 @@ class TableProblem:
     def _checked_baseline(self) -> tuple[int, ...] | None:
         if self.baseline is None:
             return None
-        baseline = tuple(int(k) for k in self.baseline)
-        if len(baseline) != self.max_batch:
+        baseline = np.asarray(self.baseline, dtype=int)
+        if baseline.shape != (self.max_batch,):
             raise SolverError(
-                f"baseline has {len(baseline)} entries, expected one per B = 1..{self.max_batch}"
+                f"baseline has {baseline.size} entries, expected one per B = 1..{self.max_batch}"
             )
-        for b, k in enumerate(baseline, start=1):
-            if k < 0:
-                raise SolverError(f"baseline k at B={b} is {k}, must be >= 0")
-        return baseline
+        negative = np.flatnonzero(baseline < 0)
+        if negative.size:
+            b = int(negative[0]) + 1
+            raise SolverError(f"baseline k at B={b} is {baseline[b - 1]}, must be >= 0")
+        return tuple(baseline.tolist())
 
     @cached_property
     def fingerprint(self) -> str:
         """A hex digest of every input: equal inputs, equal fingerprint (a memo key)."""
         st = self.step_times
-        digest = hashlib.blake2b(digest_size=16)
+        digest = hashlib.sha256()  # not for security: the fastest stable digest of the lot
         scalars = (
             st.grid,
             st.ks,
@@ -114,14 +115,15 @@ class TableProblem:
             self.max_batch,
             self.stickiness,
             self.confidence,
-            self.baseline,
             self.min_width,
             self.uncertainty is None,
+            self.baseline is None,
         )
         digest.update(repr(scalars).encode())
         digest.update(np.ascontiguousarray(st.ms, dtype=float).tobytes())
-        if self.uncertainty is not None:
-            digest.update(np.ascontiguousarray(self.uncertainty).tobytes())
+        for array in (self.uncertainty, self.baseline):
+            if array is not None:
+                digest.update(np.ascontiguousarray(array, dtype=float).tobytes())
         return digest.hexdigest()
 
     def __eq__(self, other: object) -> bool:

@@ -19,7 +19,7 @@ Range = tuple[int, int, int]
 """An inclusive ``(start, end, k)`` batch-size range, vLLM's form."""
 
 
-def compress(per_batch: Sequence[int]) -> tuple[Range, ...]:
+def compress(per_batch: Sequence[int] | np.ndarray) -> tuple[Range, ...]:
     """Per-batch-size k (``per_batch[i]`` is k at B=i+1) -> the fewest inclusive ranges."""
     values = np.asarray(per_batch, dtype=int)
     if values.size == 0:
