@@ -102,14 +102,16 @@ def _noise_aware_choice(
     clear = (g_best > g * (1.0 + problem.stickiness)) & (g_best - g > noise)
     fixed = reference >= 0
     choice = np.where(fixed & ~clear[np.maximum(reference, 0), columns], reference, best)
-    switches = [np.flatnonzero(row) for row in clear]
+    switches: dict[int, np.ndarray] = {}  # per row, the columns where it is clearly beaten
     for start, end, is_fixed in compress(fixed.tolist()):
         if is_fixed:
             continue
         column = start - 1  # chained columns start - 1 .. end - 1 (0-based)
         row = int(choice[column - 1]) if column > 0 else int(best[0])
         while column < end:
-            ahead = switches[row]
+            ahead = switches.get(row)
+            if ahead is None:
+                ahead = switches[row] = np.flatnonzero(clear[row])
             found = int(np.searchsorted(ahead, column))
             switch = int(ahead[found]) if found < len(ahead) else end
             switch = min(switch, end)
