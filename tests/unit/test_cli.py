@@ -3,38 +3,25 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+import re
 from pathlib import Path
 
 import pytest
 
 from tabletune.cli.main import main
-from tabletune.schemas import AcceptanceProfile, Profile, ProfileMetadata, save_model
+from tabletune.schemas import save_model
 from tabletune.schemas.profile import Cell
+from tests.unit.references import H200, H200_EXACT_TABLE, profile_of
 
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sample-profile.json"
 
 
 def worked_profile(tmp_path: Path, t1: float, t3: float) -> Path:
-    profile = Profile(
-        metadata=ProfileMetadata(
-            gpu="worked example",
-            engine_version="0.26.0",
-            model="m",
-            method="eagle3",
-            num_speculative_tokens=3,
-            max_num_seqs=1,
-            created_at=datetime(2026, 1, 1, tzinfo=UTC),
-            tool_version="test",
-        ),
-        batch_grid=(1,),
-        ks=(1, 3),
-        cells=(
-            Cell(batch_size=1, k=1, samples_ms=(t1,), step_ms=t1),
-            Cell(batch_size=1, k=3, samples_ms=(t3,), step_ms=t3),
-        ),
-        acceptance=AcceptanceProfile(rates=(0.7, 0.5, 0.3)),
+    cells = (
+        Cell(batch_size=1, k=1, samples_ms=(t1,), step_ms=t1),
+        Cell(batch_size=1, k=3, samples_ms=(t3,), step_ms=t3),
     )
+    profile = profile_of(cells, rates=(0.7, 0.5, 0.3), gpu="worked example")
     path = tmp_path / f"worked-{t1}-{t3}.json"
     save_model(profile, path)
     return path
@@ -69,6 +56,45 @@ def test_solve_honours_allowed_k_and_writes_output(tmp_path: Path) -> None:
     assert {r[2] for r in json.loads(out.read_text())} <= {0, 1}
 
 
+def test_solve_with_confidence_0_is_the_old_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["solve", "--profile", str(H200), "--confidence", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [list(r) for r in H200_EXACT_TABLE]
+
+
+def test_solve_by_default_does_not_flip_on_the_noisy_cell_at_128(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["solve", "--profile", str(H200), "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert [k for start, end, k in table if start <= 128 <= end] == [3]
+    assert len(table) < len(H200_EXACT_TABLE)
+
+
+def test_solve_min_width_and_the_readable_view(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["solve", "--profile", str(H200), "--min-width", "5"]) == 0
+    out = capsys.readouterr().out
+    table = json.loads(out.split('"num_speculative_tokens_per_batch_size": ')[1].splitlines()[0])
+    assert min(end - start + 1 for start, end, _ in table) >= 5
+    assert "confidence z=1" in out and "min width 5" in out
+    rows = [line for line in out.splitlines() if re.match(r" +\d+\.\.\d+ ", line)]
+    assert len(rows) == len(table) and all(" ± " in row for row in rows)  # goodput with sigma
+    assert "took over" in out  # a min-width merge says so
+
+
+def test_compare_uses_the_same_settings_for_its_own_table(tmp_path: Path) -> None:
+    out = tmp_path / "cmp.json"
+    assert main(["compare", "--profile", str(H200), "--json-out", str(out)]) == 0
+    noise_aware = json.loads(out.read_text())
+    assert noise_aware["settings"] == {"stickiness": 0.005, "confidence": 1.0, "min_width": 1}
+    assert (
+        main(["compare", "--profile", str(H200), "--json-out", str(out), "--confidence", "0"]) == 0
+    )
+    exact = json.loads(out.read_text())["tables"]["tabletune"]
+    assert exact["worst_loss"] <= 0.005  # exact T: within the stickiness of the best fixed k
+    # judged by the profile's own medians, not switching inside the noise costs something
+    assert noise_aware["tables"]["tabletune"]["worst_loss"] > exact["worst_loss"]
+
+
 def test_compare_plot_writes_a_png(tmp_path: Path) -> None:
     png = tmp_path / "loss.png"
     assert main(["compare", "--profile", str(SAMPLE), "--table", "docs", "--plot", str(png)]) == 0
@@ -82,6 +108,14 @@ def test_compare_plot_writes_a_png(tmp_path: Path) -> None:
         (["solve", "--profile", str(SAMPLE), "--allowed-k", "a,b"], "--allowed-k"),
         (["solve", "--profile", str(SAMPLE), "--allowed-k", "7"], "not profiled"),
         (["solve", "--profile", str(SAMPLE), "--max-batch", "999"], "--max-batch"),
+        (
+            ["solve", "--profile", str(SAMPLE), "--confidence", "-1"],
+            "confidence must be a finite number >= 0",
+        ),
+        (
+            ["compare", "--profile", str(SAMPLE), "--min-width", "0"],
+            "min_width must be an integer >= 1",
+        ),
         (["compare", "--profile", str(SAMPLE), "--table", "[[2,4,1]]"], "start at 1"),
         (
             ["compare", "--profile", str(SAMPLE), "--table", "[[1,4,9]]"],

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import pairwise
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 from tabletune.schemas.table import Table
 from tabletune.solver import (
     EstimatorState,
     StepTimes,
+    TableProblem,
     build_table,
+    compress,
     estimate,
     evaluate_table,
     expand,
     goodput_matrix,
     observe,
+    solve,
 )
 
 KS = (0, 1, 2, 3)
@@ -34,6 +39,128 @@ def problems(draw: st.DrawFn) -> tuple[StepTimes, tuple[float, ...], frozenset[i
     allowed = frozenset(draw(st.sets(st.sampled_from(KS), min_size=1)))
     max_batch = draw(st.integers(1, grid[-1]))
     return StepTimes(grid=grid, ks=KS, ms=ms), tuple(rates), allowed, max_batch
+
+
+@st.composite
+def noisy_problems(draw: st.DrawFn, *, exact: bool = False) -> TableProblem:
+    """Any valid problem: uncertainty (some cells exact), a running table (some of its k not
+    allowed), any confidence, stickiness and min width. ``exact``: no uncertainty or baseline
+    and min width 1, the old build's setting (confidence and a zero sigma may still be set)."""
+    step_times, rates, allowed, max_batch = draw(problems())
+    shape = (len(KS), max_batch)
+    sigma = draw(
+        st.one_of(st.none(), arrays(float, shape, elements=st.sampled_from([0.0, 0.01, 0.2])))
+        if not exact
+        else st.one_of(st.none(), st.just(np.zeros(shape)))
+    )
+    baseline = None
+    if not exact:
+        baseline = draw(
+            st.none() | st.lists(st.sampled_from(KS), min_size=max_batch, max_size=max_batch)
+        )
+    return TableProblem(
+        step_times=step_times,
+        rates=rates,
+        allowed_k=allowed,
+        max_batch=max_batch,
+        stickiness=draw(st.sampled_from([0.0, 0.005, 0.05])),
+        uncertainty=sigma,
+        confidence=draw(st.sampled_from([0.0, 0.5, 1.0, 3.0])),
+        baseline=baseline,
+        min_width=1 if exact else draw(st.integers(1, 8)),
+    )
+
+
+def goodput_and_sigma(problem: TableProblem) -> tuple[np.ndarray, np.ndarray]:
+    g = goodput_matrix(problem.step_times, problem.rates, problem.max_batch)
+    relative = 0.0 if problem.uncertainty is None else problem.uncertainty
+    return g, g * relative
+
+
+def sticky_chain(problem: TableProblem) -> list[int]:
+    """The build before uncertainty, restated plainly: per B the best allowed k (the smallest on
+    a tie) unless the previous B's k is within the stickiness of it."""
+    g, _ = goodput_and_sigma(problem)
+    choice: list[int] = []
+    for column in range(problem.max_batch):
+        value = {k: g[KS.index(k), column] for k in problem.allowed_k}
+        best = max(sorted(problem.allowed_k), key=lambda k: (value[k], -k))
+        if choice and value[best] <= value[choice[-1]] * (1 + problem.stickiness):
+            best = choice[-1]
+        choice.append(best)
+    return choice
+
+
+@settings(max_examples=200, deadline=None)
+@given(noisy_problems())
+def test_every_table_covers_1_to_max_with_allowed_k_and_wide_ranges(problem: TableProblem) -> None:
+    ranges = solve(problem).ranges
+    assert ranges[0][0] == 1 and ranges[-1][1] == problem.max_batch
+    for (_, end, _), (start, _, _) in pairwise(ranges):
+        assert start == end + 1  # no gap, no overlap
+    assert {k for _, _, k in ranges} <= problem.allowed_k
+    if len(ranges) > 1:
+        assert min(end - start + 1 for start, end, _ in ranges) >= problem.min_width
+    Table.parse([list(r) for r in ranges])  # vLLM would accept it
+
+
+@settings(max_examples=200, deadline=None)
+@given(noisy_problems())
+def test_the_rule_keeps_its_reference_unless_clearly_beaten(problem: TableProblem) -> None:
+    # The reference: the running table's k where it is allowed, else the previous B's choice.
+    solution = solve(problem)
+    g, sigma = goodput_and_sigma(problem)
+    for column, chosen in enumerate(solution.rule_k):
+        best = solution.best_k[column]
+        ref = None
+        if problem.baseline is not None and problem.baseline[column] in problem.allowed_k:
+            ref = problem.baseline[column]
+        elif column > 0:
+            ref = solution.rule_k[column - 1]
+        if ref is None:
+            assert chosen == best
+            continue
+        r, b = KS.index(ref), KS.index(best)
+        gain = g[b, column] - g[r, column]
+        noise = problem.confidence * np.hypot(sigma[b, column], sigma[r, column])
+        clear = g[b, column] > g[r, column] * (1 + problem.stickiness) and gain > noise
+        assert chosen == (best if clear else ref)
+
+
+@settings(max_examples=200, deadline=None)
+@given(noisy_problems(exact=True))
+def test_without_uncertainty_the_table_is_the_old_sticky_build(problem: TableProblem) -> None:
+    solution = solve(problem)
+    assert list(solution.per_batch_k) == sticky_chain(problem)
+    old = build_table(
+        problem.step_times,
+        problem.rates,
+        allowed_k=problem.allowed_k,
+        max_batch=problem.max_batch,
+        stickiness=problem.stickiness,
+    )
+    assert old.ranges == solution.ranges and old.goodput == solution.goodput
+
+
+@settings(max_examples=200, deadline=None)
+@given(noisy_problems())
+def test_only_runs_narrower_than_the_min_width_are_relabelled(problem: TableProblem) -> None:
+    solution = solve(problem)
+    for start, end, _ in compress(solution.rule_k):
+        piece = solution.per_batch_k[start - 1 : end]
+        if end - start + 1 >= problem.min_width:
+            assert piece == solution.rule_k[start - 1 : end]
+        else:
+            assert len(set(piece)) == 1  # a run moves whole, to one neighbour's k
+
+
+@settings(max_examples=200, deadline=None)
+@given(noisy_problems())
+def test_its_own_table_as_the_running_one_is_kept(problem: TableProblem) -> None:
+    # No flapping: re-solving from the table just built (same inputs) keeps it.
+    first = solve(replace(problem, min_width=1))
+    again = solve(replace(problem, min_width=1, baseline=first.per_batch_k))
+    assert again.ranges == first.ranges
 
 
 @settings(max_examples=200, deadline=None)

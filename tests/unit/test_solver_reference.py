@@ -1,20 +1,36 @@
-"""DESIGN.md's worked examples, exactly."""
+"""Named reference cases through the solver: DESIGN.md's worked examples exactly, the
+noise-aware rules, and the committed H200 profile before and after them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
+from tabletune.schemas import load_profile
+from tabletune.schemas.profile import step_times_of, uncertainty_of
 from tabletune.solver import (
     EstimatorState,
     SolverError,
+    TableProblem,
     build_table,
     estimate,
     goodput,
     observe,
     rebuild_step,
+    solve,
     tau,
 )
-from tests.unit.references import REFERENCES, WORKED_RATES, Reference
+from tests.unit.references import (
+    H200,
+    H200_EXACT_TABLE,
+    REFERENCES,
+    TABLE_REFERENCES,
+    WORKED_RATES,
+    Reference,
+    TableReference,
+)
 
 
 def test_tau_of_the_worked_example() -> None:
@@ -30,6 +46,69 @@ def test_worked_example_picks_the_paper_k(ref: Reference) -> None:
         assert got == pytest.approx(expected, rel=1e-12)
     solution = build_table(ref.step_times, ref.rates)
     assert solution.ranges == ((1, 1, ref.expected_k),)
+
+
+@pytest.mark.parametrize("ref", REFERENCES, ids=lambda r: r.name)
+def test_worked_example_holds_with_any_uncertainty_and_no_running_table(ref: Reference) -> None:
+    # At B=1 without a baseline there is no k to stay with: the best k, however noisy.
+    problem = TableProblem(
+        step_times=ref.step_times,
+        rates=ref.rates,
+        allowed_k=ref.step_times.ks,
+        max_batch=1,
+        uncertainty=np.full((2, 1), 0.5),
+        confidence=3.0,
+    )
+    assert solve(problem).ranges == ((1, 1, ref.expected_k),)
+
+
+@pytest.mark.parametrize("ref", TABLE_REFERENCES, ids=lambda r: r.name)
+def test_table_reference(ref: TableReference) -> None:
+    solution = solve(ref.problem)
+    assert solution.ranges == ref.expected
+    absorbed = {s.start: s.absorbed for s in solution.summaries if s.absorbed}
+    assert absorbed == ref.absorbed
+
+
+def test_range_summary_of_a_clear_switch() -> None:
+    (ref,) = [r for r in TABLE_REFERENCES if r.name == "cheap-k3-clear-gain-switches"]
+    (summary,) = solve(ref.problem).summaries
+    assert summary.goodput == pytest.approx(2.5 / 6)
+    assert summary.goodput_sigma == pytest.approx(0.05 * 2.5 / 6)
+    assert summary.alternative_k == 1
+    assert summary.alternative_margin == pytest.approx((2.5 / 6) / (1.7 / 4.5) - 1)
+    assert summary.why == "best k at 1 of 1 B"
+
+
+def test_range_summary_says_what_a_merge_took_over() -> None:
+    (ref,) = [r for r in TABLE_REFERENCES if r.name.startswith("narrow-run-joins")]
+    summary = solve(ref.problem).summaries[1]
+    assert summary.why == "best k at 4 of 6 B; min width 3: took over 5..6 (k=2)"
+
+
+def test_h200_exact_table_is_the_one_built_before_noise_awareness() -> None:
+    profile = load_profile(H200)
+    assert profile.acceptance is not None
+    solution = build_table(step_times_of(profile), profile.acceptance.rates)
+    assert solution.ranges == H200_EXACT_TABLE
+    assert solution.per_batch_k[127] == 2
+
+
+def test_h200_noisy_cell_at_128_no_longer_flips_the_table_to_k2() -> None:
+    profile = load_profile(H200)
+    assert profile.acceptance is not None
+    problem = TableProblem(
+        step_times=step_times_of(profile),
+        rates=profile.acceptance.rates,
+        allowed_k=profile.ks,
+        max_batch=256,
+        uncertainty=uncertainty_of(profile, 256),
+    )
+    solution = solve(problem)
+    assert solution.per_batch_k[127] == 3
+    assert len(solution.ranges) < len(H200_EXACT_TABLE)
+    widths = solve(replace(problem, min_width=5))
+    assert min(end - start + 1 for start, end, _ in widths.ranges) >= 5
 
 
 def test_worked_goodput_values_to_three_digits() -> None:

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tabletune.cli.inputs import load_inputs
+from tabletune.cli.inputs import add_table_options, load_inputs, table_problem
 from tabletune.errors import InputError
 from tabletune.schemas import load_table
-from tabletune.solver import Evaluation, SolverError, build_table, evaluate_table
+from tabletune.solver import Evaluation, SolverError, TableProblem, evaluate_table, solve
 
 
 def register(subparsers: Any) -> None:
@@ -27,6 +27,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--acceptance", help="acceptance JSON (default: the profile's own)")
     parser.add_argument("--table", action="append", default=[], help="repeatable")
     parser.add_argument("--max-batch", type=int, help="largest load (default: grid max)")
+    add_table_options(parser)
     parser.add_argument("--plot", help="write a PNG of loss vs load (needs matplotlib)")
     parser.add_argument("--json-out", help="write the comparison as JSON")
     parser.set_defaults(run=run)
@@ -36,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
     inputs = load_inputs(args.profile, args.acceptance, args.max_batch)
     big_k = inputs.profile.metadata.num_speculative_tokens
     tables = [(spec, load_table(spec, max_k=big_k)) for spec in args.table]
+    problem = table_problem(inputs, args)
     try:
-        ours = build_table(inputs.step_times, inputs.rates, max_batch=inputs.max_batch)
+        ours = solve(problem)
         results: dict[str, Evaluation] = {
             "tabletune": evaluate_table(
                 inputs.step_times, inputs.rates, ours.ranges, max_batch=inputs.max_batch
@@ -55,8 +57,13 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(str(error)) from None
     loads = [b for b in inputs.profile.batch_grid if b <= inputs.max_batch]
     _print(results, loads)
+    if problem.confidence > 0:
+        print(
+            f"(losses use the profile's medians; tabletune's table changes k only on gains "
+            f"above {problem.confidence:g} sigma of their spread, so it may trail them there)"
+        )
     if args.json_out:
-        _write_json(args.json_out, results, loads, args.profile, inputs.rates)
+        _write_json(args.json_out, results, loads, args.profile, problem)
     if args.plot:
         _plot(args.plot, results)
     return 0
@@ -82,11 +89,16 @@ def _write_json(
     results: dict[str, Evaluation],
     loads: list[int],
     profile: str,
-    rates: tuple[float, ...],
+    problem: TableProblem,
 ) -> None:
     payload = {
         "profile": profile,
-        "rates": list(rates),
+        "rates": list(problem.rates),
+        "settings": {
+            "stickiness": problem.stickiness,
+            "confidence": problem.confidence,
+            "min_width": problem.min_width,
+        },
         "loads": loads,
         "tables": {
             name: {

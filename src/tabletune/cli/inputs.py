@@ -1,13 +1,22 @@
-"""Loading what solve/compare need, with errors that name the file or argument."""
+"""Loading what solve/compare need, with errors that name the file or argument, and the table
+problem both build from the same options."""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from tabletune.errors import InputError
 from tabletune.schemas import Profile, load_acceptance, load_profile
-from tabletune.schemas.profile import step_times_of
-from tabletune.solver import StepTimes
+from tabletune.schemas.profile import step_times_of, uncertainty_of
+from tabletune.solver import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_STICKINESS,
+    SolverError,
+    StepTimes,
+    TableProblem,
+)
 
 
 @dataclass(frozen=True)
@@ -56,3 +65,50 @@ def load_inputs(profile_path: str, acceptance_path: str | None, max_batch: int |
         rates_source=source,
         max_batch=max_batch,
     )
+
+
+def add_table_options(parser: argparse.ArgumentParser) -> None:
+    """How the table is built from the profile (solve and compare share them)."""
+    parser.add_argument(
+        "--stickiness",
+        type=float,
+        default=DEFAULT_STICKINESS,
+        help="keep the previous k unless another is better by more than this (default 0.005)",
+    )
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        help=(
+            "z: change k only where the predicted gain exceeds z sigma of the profile's "
+            "measurement spread (default 1; 0 = ignore the spread)"
+        ),
+    )
+    parser.add_argument(
+        "--min-width",
+        type=int,
+        default=1,
+        help=(
+            "no range narrower than N batch sizes (default 1; with the plugin's hysteresis h, "
+            "2h+1 keeps every range reachable)"
+        ),
+    )
+
+
+def table_problem(
+    inputs: Inputs, args: argparse.Namespace, allowed_k: Collection[int] | None = None
+) -> TableProblem:
+    """The solver's problem for these inputs and ``add_table_options``' options."""
+    try:
+        return TableProblem(
+            step_times=inputs.step_times,
+            rates=inputs.rates,
+            allowed_k=inputs.step_times.ks if allowed_k is None else allowed_k,
+            max_batch=inputs.max_batch,
+            stickiness=args.stickiness,
+            uncertainty=uncertainty_of(inputs.profile, inputs.max_batch),
+            confidence=args.confidence,
+            min_width=args.min_width,
+        )
+    except SolverError as error:
+        raise InputError(str(error)) from None

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tabletune.cli.inputs import load_inputs, parse_k_list
+from tabletune.cli.inputs import add_table_options, load_inputs, parse_k_list, table_problem
 from tabletune.errors import InputError
-from tabletune.solver import DEFAULT_STICKINESS, SolverError, build_table
+from tabletune.solver import RangeSummary, SolverError, solve
 
 
 def register(subparsers: Any) -> None:
@@ -22,12 +22,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--acceptance", help="acceptance JSON (default: the profile's own)")
     parser.add_argument("--allowed-k", help="comma-separated k the engine may use, e.g. 0,1,3")
     parser.add_argument("--max-batch", type=int, help="largest batch size (default: grid max)")
-    parser.add_argument(
-        "--stickiness",
-        type=float,
-        default=DEFAULT_STICKINESS,
-        help="keep the previous k unless another is better by more than this (default 0.005)",
-    )
+    add_table_options(parser)
     parser.add_argument("--output", help="also write the table (vLLM JSON form) to this file")
     parser.add_argument("--json", action="store_true", help="print only the table JSON")
     parser.set_defaults(run=run)
@@ -36,14 +31,9 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     inputs = load_inputs(args.profile, args.acceptance, args.max_batch)
     allowed = parse_k_list(args.allowed_k) if args.allowed_k else None
+    problem = table_problem(inputs, args, allowed)
     try:
-        solution = build_table(
-            inputs.step_times,
-            inputs.rates,
-            allowed_k=allowed,
-            max_batch=inputs.max_batch,
-            stickiness=args.stickiness,
-        )
+        solution = solve(problem)
     except SolverError as error:
         raise InputError(str(error)) from None
     table = [list(r) for r in solution.ranges]
@@ -63,9 +53,22 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f'"num_speculative_tokens_per_batch_size": {text}')
     print()
-    print(f"{'batch sizes':>13}  {'k':>2}  {'goodput tok/s (start..end)':>28}")
-    for start, end, k in solution.ranges:
-        first = solution.goodput[start - 1] * 1000
-        last = solution.goodput[end - 1] * 1000
-        print(f"{start:>6}..{end:<5}  {k:>2}  {first:>12,.0f} .. {last:<12,.0f}")
+    print(
+        f"confidence z={problem.confidence:g} (k changes only on a gain above z sigma of the "
+        f"profile's spread), stickiness {problem.stickiness:.1%}, min width {problem.min_width}"
+    )
+    goodput = "goodput tok/s (mean ± σ)"
+    print(f"{'batch sizes':>13}  {'k':>2}  {goodput:>26}  {'vs next best':>13}  why")
+    for summary in solution.summaries:
+        print(_view_row(summary))
     return 0
+
+
+def _view_row(summary: RangeSummary) -> str:
+    """One range: its predicted goodput with sigma, its margin over the next best k, and why."""
+    goodput = f"{summary.goodput * 1000:,.0f} ± {summary.goodput_sigma * 1000:,.0f}"
+    versus = ""
+    if summary.alternative_k is not None and summary.alternative_margin is not None:
+        versus = f"k={summary.alternative_k} {summary.alternative_margin:+.1%}"
+    span = f"{summary.start:>6}..{summary.end:<5}"
+    return f"{span}  {summary.k:>2}  {goodput:>26}  {versus:>13}  {summary.why}"

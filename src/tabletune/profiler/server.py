@@ -24,12 +24,11 @@ from tabletune.errors import InputError
 from tabletune.profiler.errors import EngineStartError
 from tabletune.profiler.hook_protocol import SamplerMode
 from tabletune.profiler.settings import LaunchSettings
+from tabletune.solver import Range
 
 log = logging.getLogger("tabletune.profiler")
 
 PLUGINS = "tabletune_engine,tabletune_http,tabletune_metrics,tabletune_profiler"
-
-Range = tuple[int, int, int]
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
@@ -9,9 +11,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tabletune.schemas.acceptance import AcceptanceProfile
-from tabletune.solver.model import StepTimes
+from tabletune.solver.model import StepTimes, interpolate_rows
 
 PROFILE_SCHEMA_VERSION: Literal[1] = 1
+
+# sigma of a normal distribution per median absolute deviation
+MAD_TO_SIGMA = 1.4826
 
 
 class ProfileMetadata(BaseModel):
@@ -55,6 +60,17 @@ class Cell(BaseModel):
         if any(not s > 0 for s in self.samples_ms):
             raise ValueError("samples_ms must all be > 0")
         return self
+
+    @property
+    def relative_sigma(self) -> float:
+        """Uncertainty of ``step_ms`` relative to it: the samples' robust spread (1.4826 x the
+        median absolute deviation, which one wild sample barely moves) over sqrt(n). A noisy
+        cell stayed jumpy after re-measuring, so more samples did not settle it: it keeps its
+        whole spread. One sample says nothing about spread (0)."""
+        samples = np.asarray(self.samples_ms)
+        spread = MAD_TO_SIGMA * float(np.median(np.abs(samples - np.median(samples))))
+        sigma = spread if self.noisy else spread / math.sqrt(len(samples))
+        return sigma / self.step_ms
 
 
 class Profile(BaseModel):
@@ -106,14 +122,27 @@ class Profile(BaseModel):
 
     def step_matrix(self) -> np.ndarray:
         """T[k_index, b_index] in ms, rows in the order of ``ks``."""
+        return self._cell_matrix(lambda cell: cell.step_ms)
+
+    def uncertainty_matrix(self) -> np.ndarray:
+        """Relative sigma_T / T per cell (``Cell.relative_sigma``), laid out as ``step_matrix``."""
+        return self._cell_matrix(lambda cell: cell.relative_sigma)
+
+    def _cell_matrix(self, value: Callable[[Cell], float]) -> np.ndarray:
         index_b = {b: i for i, b in enumerate(self.batch_grid)}
         index_k = {k: i for i, k in enumerate(self.ks)}
         matrix = np.zeros((len(self.ks), len(self.batch_grid)))
         for cell in self.cells:
-            matrix[index_k[cell.k], index_b[cell.batch_size]] = cell.step_ms
+            matrix[index_k[cell.k], index_b[cell.batch_size]] = value(cell)
         return matrix
 
 
 def step_times_of(profile: Profile) -> StepTimes:
     """The solver's view of a profile's measured cells."""
     return StepTimes(grid=profile.batch_grid, ks=profile.ks, ms=profile.step_matrix())
+
+
+def uncertainty_of(profile: Profile, max_batch: int) -> np.ndarray:
+    """Relative sigma_T / T for B = 1..max_batch (rows follow ``ks``), interpolated between
+    grid points as T is: the solver's ``TableProblem.uncertainty`` for this profile."""
+    return interpolate_rows(profile.batch_grid, profile.uncertainty_matrix(), max_batch)

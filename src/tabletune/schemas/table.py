@@ -1,7 +1,8 @@
 """The batch-size -> draft-length table, validated exactly as vLLM 0.26 validates
 ``num_speculative_tokens_per_batch_size`` (plus k <= K when K is known).
 
-One implementation shared by the plugin, the emulator, the daemon and the CLI.
+One implementation shared by the plugin, the emulator, the daemon and the CLI. ``Range`` and
+the conversions between ranges and per-batch k are the solver's (``tabletune.solver.ranges``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-Range = tuple[int, int, int]
+from tabletune.solver import SolverError
+from tabletune.solver import ranges as solver_ranges
+from tabletune.solver.ranges import Range, ranges_from_lookup
+
+__all__ = [
+    "DOCUMENTED_EAGLE_TABLE",
+    "Range",
+    "Table",
+    "TableError",
+    "dense_lookup",
+    "normalize_ranges",
+    "ranges_from_lookup",
+]
 
 # vLLM's documented EAGLE example table; `compare --table docs` names it.
 DOCUMENTED_EAGLE_TABLE: tuple[Range, ...] = ((1, 64, 3), (65, 128, 1), (129, 512, 0))
@@ -75,45 +88,13 @@ def normalize_ranges(raw: object, *, max_k: int | None = None) -> tuple[Range, .
 
 
 def dense_lookup(ranges: Sequence[Range], max_batch: int, max_k: int) -> list[int]:
-    """Expand ranges into vLLM's dense lookup (index = batch size, index 0 unused).
-
-    Mirrors ``build_dynamic_sd_schedule_lookup``: gaps and the tail carry the previous k
-    forward, and every k is capped at ``max_k``.
-    """
-    if max_batch <= 0:
-        raise TableError("max_batch must be > 0")
-    if max_k <= 0:
-        raise TableError("max_k must be > 0")
-    lookup = [0] * (max_batch + 1)
-    next_b = 1
-    last_k: int | None = None
-    for start, end, k in ranges:
-        if start > next_b and last_k is not None:
-            for b in range(next_b, min(start, max_batch + 1)):
-                lookup[b] = min(max_k, last_k)
-        for b in range(max(start, next_b), min(end, max_batch) + 1):
-            lookup[b] = min(max_k, k)
-        next_b = max(next_b, end + 1)
-        last_k = k
-        if next_b > max_batch:
-            break
-    if last_k is None:
-        raise TableError("table must contain at least one range")
-    for b in range(next_b, max_batch + 1):
-        lookup[b] = min(max_k, last_k)
-    return lookup
-
-
-def ranges_from_lookup(lookup: Sequence[int]) -> tuple[Range, ...]:
-    """Compress a dense lookup (index 0 unused) back into ranges."""
-    ranges: list[Range] = []
-    for b in range(1, len(lookup)):
-        k = lookup[b]
-        if ranges and ranges[-1][2] == k and ranges[-1][1] == b - 1:
-            ranges[-1] = (ranges[-1][0], b, k)
-        else:
-            ranges.append((b, b, k))
-    return tuple(ranges)
+    """vLLM's dense lookup (index = batch size, index 0 unused, every k capped at ``max_k``;
+    gaps and the tail carry the previous k forward): the solver's one conversion, with the
+    schema's error type."""
+    try:
+        return solver_ranges.dense_lookup(ranges, max_batch, max_k)
+    except SolverError as error:
+        raise TableError(str(error)) from None
 
 
 class Table(BaseModel):
@@ -166,14 +147,7 @@ class Table(BaseModel):
         """k for one batch size, as vLLM's lookup gives it (gaps/tail carry forward)."""
         if batch_size <= 0:
             raise TableError("batch size must be positive")
-        chosen = self.ranges[0][2]
-        for start, end, k in self.ranges:
-            if start > batch_size:
-                break
-            chosen = k
-            if batch_size <= end:
-                break
-        return chosen
+        return solver_ranges.expand(self.ranges, batch_size)[-1]
 
     def lookup(self, max_batch: int, max_k: int) -> list[int]:
         return dense_lookup(self.ranges, max_batch, max_k)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tabletune.solver.build import Range, expand
 from tabletune.solver.errors import SolverError
 from tabletune.solver.model import StepTimes, goodput_matrix
+from tabletune.solver.ranges import Range, expand
 
 
 @dataclass(frozen=True)

@@ -78,20 +78,27 @@ class StepTimes:
         Below the first grid point T is held at the first measurement; beyond the last one the
         model has no data, so asking for it is an error rather than a guess.
         """
-        if max_batch < 1:
-            raise SolverError("max_batch must be >= 1")
-        if max_batch > self.max_batch:
-            raise SolverError(
-                f"max_batch={max_batch} is beyond the profiled grid (up to {self.max_batch})"
-            )
-        batch = np.arange(1, max_batch + 1, dtype=float)
-        grid = np.asarray(self.grid, dtype=float)
-        return np.vstack([np.interp(batch, grid, self.ms[i]) for i in range(len(self.ks))])
+        return interpolate_rows(self.grid, self.ms, max_batch)
 
     def at(self, batch_size: int, k: int) -> float:
         if batch_size < 1 or batch_size > self.max_batch:
             raise SolverError(f"B={batch_size} outside the profiled 1..{self.max_batch}")
         return float(np.interp(batch_size, np.asarray(self.grid, dtype=float), self.row(k)))
+
+
+def interpolate_rows(grid: Sequence[int], rows: np.ndarray, max_batch: int) -> np.ndarray:
+    """Each row of values on ``grid`` at B = 1..max_batch, piecewise-linear between grid points
+    and held below the first; beyond the last grid point there is no data, so that is an error.
+
+    T and anything measured alongside it per cell (its uncertainty) go dense the same way.
+    """
+    if max_batch < 1:
+        raise SolverError("max_batch must be >= 1")
+    if max_batch > grid[-1]:
+        raise SolverError(f"max_batch={max_batch} is beyond the profiled grid (up to {grid[-1]})")
+    batch = np.arange(1, max_batch + 1, dtype=float)
+    points = np.asarray(grid, dtype=float)
+    return np.vstack([np.interp(batch, points, row) for row in np.asarray(rows, dtype=float)])
 
 
 def goodput_matrix(step_times: StepTimes, rates: Sequence[float], max_batch: int) -> np.ndarray:
