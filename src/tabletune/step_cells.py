@@ -144,11 +144,13 @@ def cell_key(k: int, batch_size: int) -> CellKey:
 class StepCellCounter:
     """The engine side's running sums, updated once per step (a few float adds)."""
 
-    __slots__ = ("_sums", "steps_without_decode")
+    __slots__ = ("_sums", "steps_without_decode", "switch_seconds", "switch_steps")
 
     def __init__(self) -> None:
         self._sums: dict[tuple[int, int], list[float]] = {}  # (k, batch_size) -> 5 sums
         self.steps_without_decode = 0
+        self.switch_steps = 0
+        self.switch_seconds = 0.0
 
     def record(self, *, batch_size: int, k: int, duration_s: float, tokens: int) -> None:
         """One step that decoded: ``batch_size`` scheduled requests verifying ``k`` drafts."""
@@ -167,6 +169,12 @@ class StepCellCounter:
         """A step that scheduled only prefill (it has no k and is not in any cell)."""
         self.steps_without_decode += 1
 
+    def record_switch(self, duration_s: float) -> None:
+        """The first step at a k other than the previous decoding step's: kept out of the cells,
+        whose means are the step time of running at that k, not of changing to it."""
+        self.switch_steps += 1
+        self.switch_seconds += duration_s
+
     def totals(self) -> dict[CellKey, CellTotals]:
         out: dict[CellKey, CellTotals] = {}
         for (k, batch_size), sums in self._sums.items():
@@ -178,15 +186,26 @@ class StepCellCounter:
 
     def to_wire(self) -> dict[str, Any]:
         """Plain lists and numbers (the engine-core process hands them to the API server)."""
-        return cells_to_wire(self.totals(), self.steps_without_decode)
+        return cells_to_wire(
+            self.totals(),
+            self.steps_without_decode,
+            switches=(self.switch_steps, self.switch_seconds),
+        )
 
 
-def cells_to_wire(cells: StepCells, steps_without_decode: float) -> dict[str, Any]:
+def cells_to_wire(
+    cells: StepCells, steps_without_decode: float, *, switches: tuple[float, float] = (0, 0.0)
+) -> dict[str, Any]:
     rows = [
         [k, low, high, t.steps, t.seconds, t.seconds_sq, t.tokens, t.requests]
         for (k, low, high), t in sorted(cells.items())
     ]
-    return {"cells": rows, "steps_without_decode": steps_without_decode}
+    return {
+        "cells": rows,
+        "steps_without_decode": steps_without_decode,
+        "switch_steps": switches[0],
+        "switch_seconds": switches[1],
+    }
 
 
 def _number(value: object, what: str) -> float:
@@ -217,6 +236,16 @@ def cells_from_wire(data: object) -> tuple[dict[CellKey, CellTotals], float]:
         values = [_number(v, f"step cells: row #{index}") for v in row[3:]]
         out[(k, low, high)] = CellTotals(*values)
     return out, _number(data.get("steps_without_decode", 0), "steps_without_decode")
+
+
+def switches_from_wire(data: object) -> tuple[float, float]:
+    """(steps, seconds) of the k-switch steps in ``cells_to_wire`` data (0 when absent)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"step cells must be an object, got {type(data).__name__}")
+    return (
+        _number(data.get("switch_steps", 0), "switch_steps"),
+        _number(data.get("switch_seconds", 0), "switch_seconds"),
+    )
 
 
 def merge_cells(parts: Iterable[StepCells]) -> dict[CellKey, CellTotals]:

@@ -75,6 +75,7 @@ class ModelEngine:
     state: TableState
     load: int = 16
     step_scale: float = 1.0  # live step time / profile (profile drift)
+    k_scale: dict[int, float] = field(default_factory=dict)  # serving slows this k only
     totals: dict[str, float] = field(default_factory=dict)
     drafted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     accepted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
@@ -84,14 +85,25 @@ class ModelEngine:
 
     def run(self, seconds: float) -> None:
         k = self.state.k_for(self.load)
-        explore = self.state.exploration_interval
-        # The plugin runs one step at K every ``explore`` steps, so every position is drafted.
-        shares = [(k, 1.0)] if not explore else [(k, 1 - 1 / explore), (3, 1 / explore)]
-        for step_k, share in shares:
+        # The plugin runs one step at K every ``exploration_interval`` steps (every position is
+        # drafted), and neighbour bursts at the allowed k next to the table's, lower and higher
+        # in turn (their step times are measured).
+        state = self.state
+        shares = {k: 1.0}
+        if state.exploration_interval and k != 3:
+            shares[3] = 1 / state.exploration_interval
+        if state.neighbour_interval:
+            allowed = sorted(state.allowed_k)
+            near = [a for a in allowed if a < k][-1:] + [a for a in allowed if a > k][:1]
+            for other in near:
+                share = state.neighbour_burst / state.neighbour_interval / len(near)
+                shares[other] = shares.get(other, 0.0) + share
+        shares[k] = 2.0 - sum(shares.values())
+        for step_k, share in shares.items():
             self._run_at(step_k, seconds * share)
 
     def _run_at(self, k: int, seconds: float) -> None:
-        step_ms = self.step_times.at(self.load, k) * self.step_scale
+        step_ms = self.step_times.at(self.load, k) * self.step_scale * self.k_scale.get(k, 1.0)
         steps = seconds * 1000.0 / step_ms
         requests = steps * self.load
         for i in range(k):
@@ -163,17 +175,9 @@ class FakeAdmin(StateAdminClient):
         self._maybe_fail("PUT table")
         return super().put_table(table, if_match=if_match, allow_uncaptured=allow_uncaptured)
 
-    def put_settings(
-        self,
-        *,
-        exploration_interval: int | None = None,
-        hysteresis: int | None = None,
-        if_match: int | None = None,
-    ) -> TableView:
+    def put_settings(self, *, if_match: int | None = None, **fields: int | None) -> TableView:
         self._maybe_fail("PUT settings")
-        return super().put_settings(
-            exploration_interval=exploration_interval, hysteresis=hysteresis, if_match=if_match
-        )
+        return super().put_settings(if_match=if_match, **fields)
 
 
 class ModelSource:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import structlog
 
@@ -16,7 +17,8 @@ from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.settings import DaemonSettings, load_settings
 from tabletune.daemon.state import StateStore
 from tabletune.schemas.profile import step_times_of
-from tabletune.solver import build_table, evaluate_table
+from tabletune.schemas.table import normalize_ranges
+from tabletune.solver import StepTimes, TableProblem, dense_lookup, evaluate_table, solve
 from tests.unit.daemon_fakes import FakeAdmin, FakeClock, ModelEngine, ModelSource, small_profile
 
 PRIOR = (0.8, 0.6, 0.45)
@@ -25,7 +27,8 @@ INTERVAL = 30.0
 
 
 def settings_with(**env: str) -> DaemonSettings:
-    base = {"TABLETUNE_LOOP__INTERVAL_S": str(INTERVAL)}
+    # The model engine's steps take exactly the profile's T: no uncertainty beyond the floor.
+    base = {"TABLETUNE_LOOP__INTERVAL_S": str(INTERVAL), "TABLETUNE_STEP_TIME__PRIOR_SIGMA": "0"}
     base.update({f"TABLETUNE_{key}": value for key, value in env.items()})
     return load_settings(base)
 
@@ -82,7 +85,18 @@ class Rig:
         return reports
 
     def oracle(self, rates: tuple[float, ...]) -> tuple[tuple[int, int, int], ...]:
-        return build_table(self.step_times, rates, allowed_k={0, 1, 2, 3}, max_batch=128).ranges
+        """The daemon's table when it knows T exactly: keep the starting table's k unless
+        another is better by more than the stickiness, no range narrower than the hysteresis
+        band (2 h + 1 = 5 by default)."""
+        problem = TableProblem(
+            step_times=self.step_times,
+            rates=rates,
+            allowed_k={0, 1, 2, 3},
+            max_batch=128,
+            baseline=tuple(dense_lookup(normalize_ranges(START), 128, 3)[1:]),
+            min_width=5,
+        )
+        return solve(problem).ranges
 
     def alert_names(self) -> set[str]:
         return {key[0] for key in self.alerts.active}
@@ -383,3 +397,25 @@ def test_a_30_percent_slowdown_is_flagged_within_a_minute() -> None:
         rig.controller.run_cycle()
         rig.clock.now += 15.0
         assert rig.clock.now - start <= 60.0
+
+
+def test_a_k_slower_in_serving_than_profiled_is_replaced_at_the_load_it_hurts() -> None:
+    # Serving makes k=3 1.6x slower than the profile at every batch size (say its steps
+    # leave the CUDA graphs); the profile prefers k=3 at this load, so the first decision
+    # puts k=3 there. Live step time sees it (k=3 runs, its neighbour k=2 is measured in
+    # bursts) and the table moves off k=3 again.
+    rig = Rig(settings_with())
+    engine = rig.engines["r1"]
+    engine.load = 48
+    assert engine.state.k_for(48) == 2 and rig.oracle(PRIOR)[0] == (1, 104, 3)
+    engine.k_scale = {3: 1.6}
+    truth = StepTimes(
+        grid=rig.step_times.grid,
+        ks=rig.step_times.ks,
+        ms=rig.step_times.ms * np.array([[1.0], [1.0], [1.0], [1.6]]),
+    )
+    best = evaluate_table(truth, PRIOR, ((1, 128, 3),), max_batch=128)
+    rig.cycles(12)
+    ran = evaluate_table(truth, PRIOR, engine.state.ranges, max_batch=128)
+    assert engine.state.k_for(48) != 3
+    assert ran.goodput[47] >= 0.985 * best.best_fixed_goodput[47]

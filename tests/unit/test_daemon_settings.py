@@ -34,7 +34,7 @@ DEFAULTS = {
         "enabled": True,
         "prior_steps": 100.0,
         "half_life_s": 60.0,
-        "prior_sigma": 0.05,
+        "prior_sigma": 0.01,
         "correlation": 4.0,
     },
     "decision": {
@@ -45,7 +45,12 @@ DEFAULTS = {
         "replan_change": 0.02,
         "first_sight_from_prior": True,
     },
-    "plugin": {"exploration_interval": 50, "hysteresis": 2},
+    "plugin": {
+        "exploration_interval": 50,
+        "hysteresis": 2,
+        "neighbour_interval": 64,
+        "neighbour_burst": 4,
+    },
     "admin": {
         "token": None,
         "timeout_s": 5.0,

@@ -204,3 +204,31 @@ def test_hysteresis_is_untouched_by_neighbour_steps(d: dict) -> None:
         with_neighbours[b]
         without[b]
         assert with_neighbours.previous_k == without.previous_k
+
+
+def test_neighbour_bursts_run_consecutive_steps_then_alternate() -> None:
+    policy = StepPolicy(
+        LOOKUP, explore_k=3, neighbour_interval=6, neighbour_burst=3, allowed_k=ALLOWED
+    )
+    ks = [policy[12] for _ in range(12)]  # table k=1: neighbours 0 and 3
+    assert ks == [1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 3]
+    assert policy.neighbour_steps == 4
+
+
+def test_a_burst_is_not_cut_by_an_exploration_step() -> None:
+    policy = StepPolicy(
+        LOOKUP,
+        explore_k=3,
+        exploration_interval=4,
+        neighbour_interval=3,
+        neighbour_burst=3,
+        allowed_k=ALLOWED,
+    )
+    ks = [policy[12] for _ in range(6)]
+    assert ks == [1, 1, 0, 0, 0, 3]  # step 4 (exploration) falls inside the burst: skipped
+    assert policy.exploration_steps == 0
+
+
+def test_a_burst_of_zero_steps_is_refused() -> None:
+    with pytest.raises(ValueError, match="neighbour_burst"):
+        StepPolicy(LOOKUP, explore_k=3, neighbour_interval=3, neighbour_burst=0, allowed_k=ALLOWED)

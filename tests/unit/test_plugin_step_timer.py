@@ -132,8 +132,8 @@ steps_strategy = st.lists(
 def test_counts_match_a_plain_reading_of_every_step(raw: list[tuple]) -> None:
     timer = StepTimer(started_at=0.0)
     expected: dict[tuple[int, int, int], list[float]] = {}
-    expected_without = 0
-    now, last = 0.0, None
+    expected_without = expected_switches = 0
+    now, last, last_k = 0.0, None, None
     for gap, tokens, drafts, idle_after in raw:
         now += gap
         scheduled = {f"r{i}": n for i, n in enumerate(tokens)}
@@ -141,14 +141,20 @@ def test_counts_match_a_plain_reading_of_every_step(raw: list[tuple]) -> None:
         timer.on_step(now, scheduled, sum(tokens), spec, idle_after=idle_after)
         if last is not None and tokens:
             k = max((len(v) for v in spec.values()), default=0)
-            if k > 0 or any(n == 1 for n in tokens):
+            if not (k > 0 or any(n == 1 for n in tokens)):
+                expected_without += 1
+            elif last_k is not None and k != last_k:
+                expected_switches += 1  # the first step at another k: counted apart
+                last_k = k
+            else:
                 sums = expected.setdefault(cell_key(k, len(tokens)), [0, 0, 0, 0])
                 sums[0] += 1
                 sums[1] += now - last
                 sums[2] += sum(tokens)
                 sums[3] += len(tokens)
-            else:
-                expected_without += 1
+                last_k = k
+        else:
+            last_k = None
         last = None if (not tokens or idle_after) else now
     got = timer.counter.totals()
     assert set(got) == set(expected)
@@ -157,3 +163,4 @@ def test_counts_match_a_plain_reading_of_every_step(raw: list[tuple]) -> None:
         assert got[key].requests == requests
         assert got[key].seconds == pytest.approx(seconds)
     assert timer.counter.steps_without_decode == expected_without
+    assert timer.counter.switch_steps == expected_switches

@@ -26,6 +26,11 @@ class AdminRefused(PermanentError):
         self.detail = detail
 
 
+def settings_body(**fields: int | None) -> dict[str, int]:
+    """The PUT settings body: the fields given (omitted ones stay as they are)."""
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 class AdminClient:
     """Talks to one engine's ``/tabletune/v1`` endpoints."""
 
@@ -93,14 +98,17 @@ class AdminClient:
         *,
         exploration_interval: int | None = None,
         hysteresis: int | None = None,
+        neighbour_interval: int | None = None,
+        neighbour_burst: int | None = None,
         if_match: int | None = None,
     ) -> TableView:
         headers = {} if if_match is None else {"If-Match": f'"{if_match}"'}
-        body: dict[str, int] = {}
-        if exploration_interval is not None:
-            body["exploration_interval"] = exploration_interval
-        if hysteresis is not None:
-            body["hysteresis"] = hysteresis
+        body = settings_body(
+            exploration_interval=exploration_interval,
+            hysteresis=hysteresis,
+            neighbour_interval=neighbour_interval,
+            neighbour_burst=neighbour_burst,
+        )
         return self._call("PUT", SETTINGS_PATH, json=body, headers=headers)
 
 
@@ -147,7 +155,16 @@ class StateAdminClient:
         *,
         exploration_interval: int | None = None,
         hysteresis: int | None = None,
+        neighbour_interval: int | None = None,
+        neighbour_burst: int | None = None,
         if_match: int | None = None,
     ) -> TableView:
-        body = SettingsPut(exploration_interval=exploration_interval, hysteresis=hysteresis)
+        body = SettingsPut.model_validate(
+            settings_body(
+                exploration_interval=exploration_interval,
+                hysteresis=hysteresis,
+                neighbour_interval=neighbour_interval,
+                neighbour_burst=neighbour_burst,
+            )
+        )
         return self._apply(lambda state: state.with_settings(body, if_match=if_match))

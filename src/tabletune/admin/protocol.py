@@ -24,7 +24,10 @@ class TableView(BaseModel):
     exploration_interval: int = Field(ge=0, description="one step at K every N steps; 0 = off")
     hysteresis: int = Field(ge=0, description="keep k while B is within h of a table edge")
     neighbour_interval: int = Field(
-        default=0, ge=0, description="one step at a k next to the table's every N steps; 0 = off"
+        default=0, ge=0, description="a burst at a k next to the table's every N steps; 0 = off"
+    )
+    neighbour_burst: int = Field(
+        default=4, ge=1, description="consecutive steps of one neighbour burst"
     )
     step_timing: bool = Field(
         default=True, description="false: no per-step work (step timing, exploration, hysteresis)"
@@ -61,6 +64,7 @@ class SettingsPut(BaseModel):
     exploration_interval: int | None = Field(default=None, ge=0, le=1_000_000)
     hysteresis: int | None = Field(default=None, ge=0, le=100_000)
     neighbour_interval: int | None = Field(default=None, ge=0, le=1_000_000)
+    neighbour_burst: int | None = Field(default=None, ge=1, le=1_000)
     step_timing: bool | None = None
 
 

@@ -48,6 +48,7 @@ class TableState:
     exploration_interval: int = 0
     hysteresis: int = 0
     neighbour_interval: int = 0
+    neighbour_burst: int = 4
     step_timing: bool = True
     lookup: tuple[int, ...] = field(default=(), compare=False)
 
@@ -128,6 +129,9 @@ class TableState:
                 if body.neighbour_interval is None
                 else body.neighbour_interval
             ),
+            neighbour_burst=(
+                self.neighbour_burst if body.neighbour_burst is None else body.neighbour_burst
+            ),
             step_timing=self.step_timing if body.step_timing is None else body.step_timing,
             version=self.version + 1,
         )
@@ -151,6 +155,7 @@ class TableState:
             exploration_interval=self.exploration_interval,
             hysteresis=self.hysteresis,
             neighbour_interval=self.neighbour_interval,
+            neighbour_burst=self.neighbour_burst,
             step_timing=self.step_timing,
             plugin_version=plugin_version,
             engine_version=engine_version,

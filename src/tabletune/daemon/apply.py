@@ -31,6 +31,8 @@ class AdminApi(Protocol):
         *,
         exploration_interval: int | None = None,
         hysteresis: int | None = None,
+        neighbour_interval: int | None = None,
+        neighbour_burst: int | None = None,
         if_match: int | None = None,
     ) -> TableView: ...
 
@@ -84,6 +86,8 @@ def _apply_one(
             lambda: client.put_settings(
                 exploration_interval=effect.exploration_interval,
                 hysteresis=effect.hysteresis,
+                neighbour_interval=effect.neighbour_interval,
+                neighbour_burst=effect.neighbour_burst,
                 if_match=version,
             ),
             f"PUT settings {replica}",
@@ -98,7 +102,7 @@ def _apply_one(
 
 def _what(effect: Effect) -> str:
     if isinstance(effect, SetPluginSettings):
-        return "setting exploration/hysteresis"
+        return "setting the plugin's exploration and hysteresis"
     if isinstance(effect, RollBack):
         return "rollback"
     return "push"

@@ -262,7 +262,7 @@ class Controller:
         if obs.reset:
             rt.step_time.clear()  # the engine restarted, perhaps with other settings
         rt.step_time.add(obs.step_cells, now, half_life_s=self.settings.step_time.half_life_s)
-        estimate = rt.step_time.estimate(self._params)
+        estimate = rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma)
         self.checks.step_time(rt, obs.step_cells, now)
         client = self.admin_for(rt.admin_url)
         view = self._current_view(rt, obs, client, now, report)
@@ -298,7 +298,9 @@ class Controller:
                 estimates=Estimates(
                     step_times=estimate.step_times if use_live else rt.pool.step_times,
                     rates=unit.rates,
-                    relative_sigma=estimate.relative_sigma if use_live else None,
+                    relative_sigma=(
+                        estimate.relative_sigma if use_live else rt.pool.relative_sigma
+                    ),
                 ),
                 load_weights=rt.loads.weights,
                 rebuilt=rebuilt,

@@ -13,7 +13,7 @@ import numpy as np
 from tabletune.admin.protocol import TableView
 from tabletune.daemon.settings import DecisionSettings
 from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
-from tabletune.solver import SolverError, StepTimes, build_table, predicted_gain
+from tabletune.solver import SolverError, StepTimes, TableProblem, predicted_gain, solve
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,14 @@ def decide(
     view: TableView,
     load_weights: Mapping[int, float],
     settings: DecisionSettings,
+    min_width: int = 1,
     force: bool = False,
 ) -> Decision:
-    """The table to run on this replica; ``force`` skips the gain threshold (restart)."""
+    """The table to run on this replica; ``force`` skips the gain threshold (restart).
+
+    The running table is the baseline: a batch size keeps its k unless another is better by
+    more than the estimate's uncertainty (``confidence_z`` standard errors), and no range is
+    narrower than ``min_width``."""
     step_times, rates = estimates.step_times, estimates.rates
     if not view.dynamic or view.table is None:
         return Decision(push=False, reason="the replica runs a static k: no table to set")
@@ -67,15 +72,21 @@ def decide(
     except TableError as error:
         current = None
         current_problem = str(error)
+    sigma = estimates.relative_sigma
     try:
-        solution = build_table(
-            step_times,
-            rates,
-            allowed_k=allowed,
-            max_batch=max_batch,
-            stickiness=settings.stickiness,
+        solution = solve(
+            TableProblem(
+                step_times=step_times,
+                rates=rates,
+                allowed_k=allowed,
+                max_batch=max_batch,
+                stickiness=settings.stickiness,
+                uncertainty=None if sigma is None else sigma[:, :max_batch],
+                confidence=settings.confidence_z,
+                baseline=_baseline(current, max_batch, view.num_speculative_tokens),
+                min_width=min_width,
+            )
         )
-        solution.check()
     except SolverError as error:
         return Decision(push=False, reason=f"solver refused: {error}")
     new = solution.ranges
@@ -116,6 +127,15 @@ def decide(
         current=current,
         gain=gain,
     )
+
+
+def _baseline(
+    current: Sequence[Range] | None, max_batch: int, big_k: int
+) -> tuple[int, ...] | None:
+    """The running table's k for B = 1..max_batch (None when it cannot be read)."""
+    if current is None:
+        return None
+    return tuple(dense_lookup(current, max_batch, big_k)[1:])
 
 
 def _same_lookup(a: Sequence[Range], b: Sequence[Range], max_batch: int, big_k: int) -> bool:

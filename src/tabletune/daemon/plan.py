@@ -21,6 +21,8 @@ from tabletune.daemon.settings import DaemonSettings
 class SetPluginSettings:
     exploration_interval: int
     hysteresis: int
+    neighbour_interval: int
+    neighbour_burst: int
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,14 @@ class ReplicaPlan:
 
 def wanted_settings(view: TableView, settings: DaemonSettings) -> SetPluginSettings | None:
     """The plugin settings to set, when the replica's differ from the configured ones."""
-    wanted = settings.plugin
-    if (view.exploration_interval, view.hysteresis) == (
-        wanted.exploration_interval,
-        wanted.hysteresis,
-    ):
-        return None
-    return SetPluginSettings(wanted.exploration_interval, wanted.hysteresis)
+    w = settings.plugin
+    wanted = SetPluginSettings(
+        w.exploration_interval, w.hysteresis, w.neighbour_interval, w.neighbour_burst
+    )
+    running = SetPluginSettings(
+        view.exploration_interval, view.hysteresis, view.neighbour_interval, view.neighbour_burst
+    )
+    return None if running == wanted else wanted
 
 
 def min_range_width(settings: DaemonSettings) -> int:
@@ -104,6 +107,7 @@ def plan_replica(
         view=inputs.view,
         load_weights=inputs.load_weights,
         settings=settings.decision,
+        min_width=min_range_width(settings),
         force=inputs.restart,
     )
     if decision.push and decision.new is not None and not dry_run:

@@ -15,7 +15,7 @@ import numpy as np
 from tabletune.daemon.settings import ProfileSettings
 from tabletune.errors import InputError
 from tabletune.schemas import AcceptanceProfile, Profile, load_acceptance, load_profile
-from tabletune.schemas.profile import step_times_of
+from tabletune.schemas.profile import step_times_of, uncertainty_of
 from tabletune.solver import StepTimes
 
 
@@ -28,11 +28,14 @@ class PoolProfile:
     step_times: StepTimes
     prior: tuple[float, ...]
     dense_ms: np.ndarray = field(init=False, repr=False, compare=False)
+    relative_sigma: np.ndarray = field(init=False, repr=False, compare=False)
     _rows: dict[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # T for every B of the grid's range, once: the per-cycle checks index it.
-        object.__setattr__(self, "dense_ms", self.step_times.dense(self.step_times.max_batch))
+        # T and its relative uncertainty for every B of the grid's range, once.
+        top = self.step_times.max_batch
+        object.__setattr__(self, "dense_ms", self.step_times.dense(top))
+        object.__setattr__(self, "relative_sigma", uncertainty_of(self.profile, top))
         object.__setattr__(self, "_rows", {k: i for i, k in enumerate(self.step_times.ks)})
 
     @property

@@ -153,7 +153,9 @@ class StepTimeSettings(_Group):
         default=60.0, gt=0, description="live step-time sums fade with this half-life (seconds)"
     )
     prior_sigma: float = Field(
-        default=0.05, ge=0, description="relative uncertainty of the profile's T under serving"
+        default=0.01,
+        ge=0,
+        description="least relative uncertainty of the profile's T (its own spread if larger)",
     )
     correlation: float = Field(
         default=4.0, ge=1, description="steps per independent sample (neighbouring steps agree)"
@@ -166,6 +168,14 @@ class PluginSettings(_Group):
     )
     hysteresis: int = Field(
         default=2, ge=0, description="plugin: keep k while the batch is within h of an edge"
+    )
+    neighbour_interval: int = Field(
+        default=64,
+        ge=0,
+        description="plugin: a burst at a k next to the table's every N steps (live step time)",
+    )
+    neighbour_burst: int = Field(
+        default=4, ge=1, description="plugin: steps per neighbour burst (the first is not timed)"
     )
 
 

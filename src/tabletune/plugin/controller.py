@@ -123,6 +123,7 @@ class EngineTableController:
                 exploration_interval=state.exploration_interval,
                 hysteresis=state.hysteresis,
                 neighbour_interval=state.neighbour_interval,
+                neighbour_burst=state.neighbour_burst,
                 allowed_k=state.allowed_k,
                 steps=previous.steps if previous is not None else 0,
                 previous_k=previous.previous_k if previous is not None else None,

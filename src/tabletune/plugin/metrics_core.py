@@ -110,7 +110,14 @@ class EngineMetrics:
     def publish_steps(self, read: StepCellsRead) -> None:
         """The engine's step-cell totals as last read (a restart shows as a new ``_created``)."""
         self._metrics.step_cells.update(
-            EngineSteps(self._labels, read.cells, read.steps_without_decode, read.started_at)
+            EngineSteps(
+                self._labels,
+                read.cells,
+                read.steps_without_decode,
+                read.started_at,
+                switch_steps=read.switch_steps,
+                switch_seconds=read.switch_seconds,
+            )
         )
 
     def publish_table(self, ranges: Iterable[Sequence[int]] | None, version: int) -> None:

@@ -60,9 +60,11 @@ class StepPolicy:
     - Exploration (``exploration_interval`` N > 0): every N-th step runs at ``explore_k`` (the
       longest captured k), so positions above the table's k keep being observed.
     - Neighbour exploration (``neighbour_interval`` N2 > 0): every N2-th step that is not an
-      exploration step runs at an allowed k next to the table's k, alternating next-lower and
-      next-higher (the one that exists where there is one), so the live step time of the k the
-      table does not use keeps being measured next to the one it does.
+      exploration step starts a burst of ``neighbour_burst`` steps at an allowed k next to the
+      table's k, alternating next-lower and next-higher (the one that exists where there is
+      one), so the live step time of the k the table does not use keeps being measured next to
+      the one it does. A burst rather than one step: the first step at a new k is not what
+      running at it costs (the step timer counts it apart), the next ones are.
     - Hysteresis (h > 0): keep the k of the previous step while the batch size is within h of a
       batch size where the table uses that k, so a load hovering at an edge does not flip k.
 
@@ -71,6 +73,9 @@ class StepPolicy:
     """
 
     __slots__ = (
+        "_burst",
+        "_burst_k",
+        "_burst_left",
         "_explore_k",
         "_interval",
         "_last",
@@ -92,6 +97,7 @@ class StepPolicy:
         exploration_interval: int = 0,
         hysteresis: int = 0,
         neighbour_interval: int = 0,
+        neighbour_burst: int = 1,
         allowed_k: Iterable[int] = (),
         steps: int = 0,
         previous_k: int | None = None,
@@ -100,6 +106,8 @@ class StepPolicy:
             raise ValueError("lookup must cover batch size 1 (index 0 is unused)")
         if exploration_interval < 0 or hysteresis < 0 or neighbour_interval < 0:
             raise ValueError("exploration_interval, hysteresis, neighbour_interval must be >= 0")
+        if neighbour_burst < 1:
+            raise ValueError("neighbour_burst must be >= 1")
         allowed = frozenset(allowed_k)
         if neighbour_interval and not allowed:
             raise ValueError("neighbour exploration needs the allowed k")
@@ -109,6 +117,9 @@ class StepPolicy:
         self._interval = exploration_interval
         self._masks = hysteresis_masks(self._lookup, hysteresis) if hysteresis else None
         self._neighbour_interval = neighbour_interval
+        self._burst = neighbour_burst
+        self._burst_k = 0
+        self._burst_left = 0
         self._neighbours = neighbour_table(allowed, {*self._lookup[1:], *allowed})
         self._previous_k = previous_k
         self.steps = steps
@@ -131,6 +142,10 @@ class StepPolicy:
         ):
             k = previous
         self._previous_k = k
+        if self._burst_left:  # a burst runs to its end (an exploration step may wait)
+            self._burst_left -= 1
+            self.neighbour_steps += 1
+            return self._burst_k
         if self._interval and self.steps % self._interval == 0 and k != self._explore_k:
             self.exploration_steps += 1
             return self._explore_k
@@ -139,8 +154,10 @@ class StepPolicy:
             if neighbours:
                 # Alternate: even-numbered neighbour steps take the first (lower where there is
                 # one), odd ones the last (higher where there is one).
-                pick = neighbours[-1] if self.neighbour_steps & 1 else neighbours[0]
+                bursts = self.neighbour_steps // self._burst
+                pick = neighbours[-1] if bursts & 1 else neighbours[0]
                 self.neighbour_steps += 1
+                self._burst_k, self._burst_left = pick, self._burst - 1
                 return pick
         return k
 

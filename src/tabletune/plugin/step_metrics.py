@@ -30,10 +30,12 @@ class EngineSteps:
     cells: StepCells
     steps_without_decode: float
     created: float  # wall time the engine started (counters count from there)
+    switch_steps: float = 0.0  # first steps at a new k (not in the cells)
+    switch_seconds: float = 0.0
 
 
 def step_cell_families(engines: Iterable[EngineSteps]) -> list[CounterMetricFamily]:
-    """The six counter families of the step cells of ``engines`` (empty engines add nothing)."""
+    """The counter families of the step cells of ``engines`` (empty engines add nothing)."""
     fields: Sequence[tuple[str, str, str]] = (
         (names.TT_STEPS, "Engine steps that decoded, by verified draft length and batch cell.",
          "steps"),
@@ -54,15 +56,26 @@ def step_cell_families(engines: Iterable[EngineSteps]) -> list[CounterMetricFami
         "Engine steps that scheduled only prefill (no draft length applies).",
         labels=ENGINE_LABELS,
     )
+    switches = CounterMetricFamily(
+        names.TT_SWITCH_STEPS,
+        "Decoding steps at another draft length than the step before (not in the cells).",
+        labels=ENGINE_LABELS,
+    )
+    switch_seconds = CounterMetricFamily(
+        names.TT_SWITCH_SECONDS,
+        "Sum of the durations of those steps in seconds.",
+        labels=ENGINE_LABELS,
+    )
     for engine in engines:
         for (k, low, high), totals in sorted(engine.cells.items()):
             values = [*engine.label_values, str(k), cell_label((low, high))]
             for family, (_, _, attribute) in zip(families, fields, strict=True):
                 family.add_metric(values, getattr(totals, attribute), created=engine.created)
-        without.add_metric(
-            list(engine.label_values), engine.steps_without_decode, created=engine.created
-        )
-    return [*families, without]
+        labels = list(engine.label_values)
+        without.add_metric(labels, engine.steps_without_decode, created=engine.created)
+        switches.add_metric(labels, engine.switch_steps, created=engine.created)
+        switch_seconds.add_metric(labels, engine.switch_seconds, created=engine.created)
+    return [*families, without, switches, switch_seconds]
 
 
 class StepCellCollector(Collector):

@@ -14,6 +14,11 @@ What a step is (read from ``SchedulerOutput``, no loop over requests in Python):
   N+1, so the k a step paid for comes from its scheduled drafts, not from the lookup;
 - it decodes when k > 0, or every request scheduled one token (tokens == B), or some request
   scheduled exactly one token; otherwise it only prefilled (no k applies to it).
+
+A decoding step whose k differs from the previous decoding step's is counted apart (a switch
+step), not in its cell: on an H200 a lone k=2 step inside a k=3 run took as long as the k=3
+steps around it, 47 % more than k=2 steps of a k=2 run (bench/results/live_step_time_h200.json),
+so the cells hold what running at a k costs, and switches are counted on their own.
 """
 
 from __future__ import annotations
@@ -27,20 +32,21 @@ from tabletune.step_cells import StepCellCounter
 class StepTimer:
     """The engine side's step clock and counter; ``on_step`` runs once per scheduler step."""
 
-    __slots__ = ("_last", "counter", "enabled", "started_at")
+    __slots__ = ("_last", "_last_k", "counter", "enabled", "started_at")
 
     def __init__(self, *, started_at: float) -> None:
         self.counter = StepCellCounter()
         self.started_at = started_at  # wall time the counts start from (the ``_created``)
         self.enabled = True
         self._last: float | None = None
+        self._last_k: int | None = None  # k of the last decoding step timed
 
     def set_enabled(self, on: bool) -> None:
         """Switch recording on or off; while off nothing is read, and the first step after
         switching back on only starts the clock (the gap is not one step)."""
         self.enabled = on
         if not on:
-            self._last = None
+            self._last = self._last_k = None
 
     def on_step(
         self,
@@ -62,15 +68,20 @@ class StepTimer:
         last = self._last
         self._last = None if (total_tokens == 0 or idle_after) else now
         if last is None or total_tokens == 0:
+            self._last_k = None
             return
         batch_size = len(num_scheduled_tokens)
         k = max(map(len, spec_tokens.values())) if spec_tokens else 0
-        if k or total_tokens == batch_size or 1 in num_scheduled_tokens.values():
+        if not (k or total_tokens == batch_size or 1 in num_scheduled_tokens.values()):
+            self.counter.record_without_decode()
+            return
+        previous_k, self._last_k = self._last_k, k
+        if previous_k is not None and previous_k != k:
+            self.counter.record_switch(now - last)
+        else:
             self.counter.record(
                 batch_size=batch_size, k=k, duration_s=now - last, tokens=total_tokens
             )
-        else:
-            self.counter.record_without_decode()
 
     def to_wire(self) -> dict[str, Any]:
         """What the ``tabletune_get_step_cells`` utility answers (plain, msgpack-safe)."""

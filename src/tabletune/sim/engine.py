@@ -65,6 +65,10 @@ class Counters:
     cells: dict[CellKey, np.ndarray] = field(default_factory=dict)
     # Every emulated step decodes (B >= 1 requests; prefill rides along): always 0.
     steps_without_decode: int = 0
+    # Steps at another k than the step before, kept out of the cells as the plugin does.
+    switch_steps: int = 0
+    switch_seconds: float = 0.0
+    last_k: int | None = None
 
     def __post_init__(self) -> None:
         if self.accepted_per_pos.size == 0:
@@ -518,18 +522,29 @@ class EngineSim:
         counters = self.counters
         big_k = self.num_speculative_tokens
         per_k = np.bincount(ks, minlength=big_k + 1)
+        timed = per_k.copy()  # steps that go into the cells: switch steps do not (plugin rule)
         seconds: np.ndarray
         squares: np.ndarray
         scheduled: np.ndarray
-        if int(per_k.max()) == ks.size:  # one k (a plain table): plain sums
+        first_switch = counters.last_k is not None and int(ks[0]) != counters.last_k
+        counters.last_k = int(ks[-1])
+        if int(per_k.max()) == ks.size and not first_switch:  # one k, no switch: plain sums
             only = per_k > 0
             seconds = only * float(durations.sum())
             squares = only * float(durations @ durations)
             scheduled = only * float(tokens_per_step.sum())
         else:
-            seconds = np.bincount(ks, weights=durations, minlength=big_k + 1)
-            squares = np.bincount(ks, weights=durations * durations, minlength=big_k + 1)
-            scheduled = np.bincount(ks, weights=tokens_per_step, minlength=big_k + 1)
+            switch = np.empty(ks.size, dtype=bool)
+            switch[0] = first_switch
+            switch[1:] = ks[1:] != ks[:-1]
+            counters.switch_steps += int(switch.sum())
+            counters.switch_seconds += float(durations[switch].sum())
+            keep = ~switch
+            kept_ks, kept_s = ks[keep], durations[keep]
+            timed = np.bincount(kept_ks, minlength=big_k + 1)
+            seconds = np.bincount(kept_ks, weights=kept_s, minlength=big_k + 1)
+            squares = np.bincount(kept_ks, weights=kept_s * kept_s, minlength=big_k + 1)
+            scheduled = np.bincount(kept_ks, weights=tokens_per_step[keep], minlength=big_k + 1)
         drafted = np.zeros(big_k, dtype=np.int64)
         accepted = np.zeros(big_k, dtype=np.int64)
         expected = 0.0
@@ -544,11 +559,13 @@ class EngineSim:
                 prefix = self.rng.multinomial(requests, prefix_probabilities(rates, k))
                 # kept position i (0-based) <=> prefix length > i
                 accepted[:k] += np.cumsum(prefix[::-1])[::-1][1:]
+            if not timed[k]:
+                continue
             key = cell_key(k, batch)
             sums = counters.cells.get(key)
             if sums is None:
                 sums = counters.cells[key] = np.zeros(5)
-            sums += (steps, seconds[k], squares[k], scheduled[k], requests)
+            sums += (timed[k], seconds[k], squares[k], scheduled[k], int(timed[k]) * batch)
         steps_total = int(ks.size)
         tokens = steps_total * batch + int(accepted.sum())
         counters.accepted_per_pos += accepted

@@ -109,7 +109,16 @@ class SimCollector(Collector):
             c.draft_tokens_per_pos,
         )
         yield from step_cell_families(
-            [EngineSteps(source.label_values, c.step_cells(), c.steps_without_decode, created)]
+            [
+                EngineSteps(
+                    source.label_values,
+                    c.step_cells(),
+                    c.steps_without_decode,
+                    created,
+                    switch_steps=c.switch_steps,
+                    switch_seconds=c.switch_seconds,
+                )
+            ]
         )
         state = source.controller.state
         yield gauge(
