@@ -13,7 +13,8 @@ mid-run measures how fast the adaptive ones follow.
 Scoring: every step's goodput is the EXPECTED kept tokens of the k it ran (B * tau_true(k)) over
 its step time, so a policy is scored on its decisions without sampling noise; the policies
 themselves learn only from the sampled per-position counts, as they would from vLLM's counters.
-Writes bench/results/eval_emulator.json and PNGs next to it.
+Writes bench/results/eval_emulator.json and PNGs next to it, and every adaptive run to
+bench/results/raw/eval_emulator_raw.json (ignored by git).
 """
 
 from __future__ import annotations
@@ -987,8 +988,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    raw_path = out.with_name(out.stem + "_raw.json")
-    record["raw"] = f"{raw_path.name}: per seed, load and set, every adaptive run"
+    raw_path = out.parent / "raw" / f"{out.stem}_raw.json"  # raw/: ignored by git
+    raw_path.parent.mkdir(exist_ok=True)
+    record["raw"] = f"raw/{raw_path.name}: per seed, load and set, every adaptive run (not kept)"
     out.write_text(json.dumps(_rounded(record), indent=1, default=_plain) + "\n")
     raw_path.write_text(json.dumps(_rounded(raw), separators=(",", ":"), default=_plain) + "\n")
     plot(results, loads, raw, out, f"{profile.metadata.gpu} profile {shown_path}", step_times)
