@@ -72,7 +72,7 @@ RESULTS = ROOT / "bench" / "results"
 SAMPLE_PROFILE = ROOT / "examples" / "sample-profile.json"
 
 ACCEPTANCE_SETS: dict[str, tuple[float, ...]] = {
-    "realistic": (0.75, 0.55, 0.40),  # EAGLE-3 rates quoted in DESIGN.md
+    "realistic": (0.75, 0.55, 0.40),  # EAGLE-3 rates quoted in docs/design.md
     "low": (0.50, 0.25, 0.12),  # a weak drafter / hard prompts: the table turns at B~90
 }
 QUARTER_DOCS_TABLE = ((1, 16, 3), (17, 32, 1), (33, 128, 0))

@@ -1,4 +1,4 @@
-"""Named reference cases (DESIGN.md's worked examples), shared by solver and CLI tests."""
+"""Named reference cases (docs/design.md's worked examples), shared by solver and CLI tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md's worked examples, exactly."""
+"""The worked examples of docs/design.md, exactly."""
 
 from __future__ import annotations
 
