@@ -44,6 +44,8 @@ def truth(sim_s: float, table: list[list[int]], efficiency: float) -> dict[str, 
         "current": {"batch_size": 96},
         "intervals": [
             {
+                "start_s": sim_s - 10.0,
+                "end_s": sim_s,
                 "tokens": 1000.0 * efficiency,
                 "oracle_tokens": 1000.0,
                 "expected_goodput_tokens_per_s": 20000.0 * efficiency,
@@ -77,14 +79,39 @@ def test_the_summary_tells_the_measured_goodput_before_and_after_the_first_push(
     step_times: Any,
 ) -> None:
     timeline = Timeline()
-    for sim_s, table, efficiency, pushed in [
-        (0.0, QUARTER, 0.5, False),
-        (15.0, [[1, 256, 3]], 0.9, True),
-        (30.0, [[1, 256, 3]], 1.0, False),
+    # Cycles every 15 s, intervals of 10 s: each cycle sees two, some twice; the push at 25 s
+    # falls into the interval 20-30 s, which counts on neither side.
+    for sim_s, table, intervals, pushed in [
+        (10.0, QUARTER, [(0.0, 0.5)], False),
+        (25.0, [[1, 256, 3]], [(10.0, 0.6), (20.0, 0.7)], True),
+        (40.0, [[1, 256, 3]], [(20.0, 0.7), (30.0, 0.9)], False),
+        (55.0, [[1, 256, 3]], [(40.0, 1.0)], False),
     ]:
-        record(truth(sim_s, table, efficiency), (), timeline, step_times, pushed=pushed)
+        seen = truth(sim_s, table, 0.0)
+        seen["intervals"] = [interval(start, share) for start, share in intervals]
+        record(seen, (), timeline, step_times, pushed=pushed)
     said = summary(timeline)
     assert said.startswith("demo: 1 push(es); starting table lost")
-    assert "within 1.5 % of the oracle at every load from t=15 s" in said
-    assert "50.0% of the oracle before the first push, 95.0% after" in said
-    assert timeline.pushes == [15.0]
+    assert "within 1.5 % of the oracle at every load from t=25 s" in said
+    assert "55.0% of the oracle before the first push, 95.0% after" in said
+    assert timeline.pushes == [25.0]
+
+
+def test_without_a_push_the_summary_says_what_was_measured(step_times: Any) -> None:
+    timeline = Timeline()
+    record(truth(10.0, QUARTER, 0.5), (), timeline, step_times, pushed=False)
+    said = summary(timeline)
+    assert said.startswith("demo: 0 push(es)")
+    assert "never" in said
+    assert said.endswith(
+        "measured by the emulator: 50.0% of the oracle (the plugin's exploration steps included)"
+    )
+
+
+def interval(start_s: float, share: float) -> dict[str, float]:
+    return {
+        "start_s": start_s,
+        "end_s": start_s + 10.0,
+        "tokens": 1000.0 * share,
+        "oracle_tokens": 1000.0,
+    }

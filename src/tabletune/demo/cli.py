@@ -193,7 +193,8 @@ def _loop(
         next_at = time.monotonic()
         while True:
             report = daemon.safe_cycle()
-            truth = truth_client.get("/sim/v1/truth", params={"last": 1}).json()
+            # The last two intervals: a cycle (15 s) may span more than one (10 s).
+            truth = truth_client.get("/sim/v1/truth", params={"last": 2}).json()
             estimate = _estimate(daemon)
             pushed = report is not None and bool(report.pushed)
             record(truth, estimate, timeline, step_times, pushed=pushed)

@@ -12,6 +12,18 @@ CONVERGED_LOSS = 0.015
 """a table within 1.5 % of the oracle at every load counts as repaired"""
 
 
+@dataclass(frozen=True)
+class Interval:
+    """One of the emulator's ground-truth intervals (10 simulated seconds by default)."""
+
+    start_s: float
+    end_s: float
+    tokens: float
+    """generated tokens"""
+    oracle_tokens: float
+    """what the oracle's k would have kept over the same busy time"""
+
+
 @dataclass
 class Timeline:
     """One entry per daemon cycle, for the live view, the summary and the PNG."""
@@ -27,9 +39,8 @@ class Timeline:
     first_converged_s: float | None = None
     starting_worst: dict[str, Any] | None = None
     """the starting table's worst load and loss"""
-    goodput_before: list[tuple[float, float]] = field(default_factory=list)
-    """(tokens, oracle tokens) per interval before the first push"""
-    goodput_after: list[tuple[float, float]] = field(default_factory=list)
+    intervals: dict[float, Interval] = field(default_factory=dict)
+    """the emulator's intervals seen, by start time (cycles and intervals need not line up)"""
     starting_table: list[list[int]] | None = None
     kept_share: list[float] = field(default_factory=list)
     """model goodput / oracle at the running load each cycle, had the starting table stayed"""
@@ -106,11 +117,14 @@ def record(
         timeline.first_converged_s = sim_s
     if not converged:
         timeline.first_converged_s = None  # must stay within 1.5 % once reached
-    intervals = truth.get("intervals") or []
-    if intervals:
-        last = intervals[-1]
-        pair = (float(last["tokens"]), float(last["oracle_tokens"]))
-        (timeline.goodput_after if timeline.pushes else timeline.goodput_before).append(pair)
+    for seen in truth.get("intervals") or []:
+        interval = Interval(
+            start_s=float(seen["start_s"]),
+            end_s=float(seen["end_s"]),
+            tokens=float(seen["tokens"]),
+            oracle_tokens=float(seen["oracle_tokens"]),
+        )
+        timeline.intervals[interval.start_s] = interval
 
 
 def _counterfactual(truth: dict[str, Any], step_times: StepTimes, timeline: Timeline) -> None:
@@ -132,10 +146,23 @@ def _counterfactual(truth: dict[str, Any], step_times: StepTimes, timeline: Time
         return
 
 
-def share(pairs: list[tuple[float, float]]) -> float | None:
-    tokens = sum(t for t, _ in pairs)
-    oracle = sum(o for _, o in pairs)
-    return tokens / oracle if oracle > 0 else None
+def share(intervals: list[Interval]) -> float | None:
+    """Measured goodput over the intervals as a share of the oracle's."""
+    oracle = sum(i.oracle_tokens for i in intervals)
+    return sum(i.tokens for i in intervals) / oracle if oracle > 0 else None
+
+
+def measured_around_first_push(timeline: Timeline) -> tuple[float | None, float | None]:
+    """The share of the oracle's goodput in the intervals that ended before the first push and
+    in those that started after it (an interval the push falls into counts in neither)."""
+    seen = list(timeline.intervals.values())
+    if not timeline.pushes:
+        return share(seen), None
+    first = timeline.pushes[0]
+    return (
+        share([i for i in seen if i.end_s <= first]),
+        share([i for i in seen if i.start_s >= first]),
+    )
 
 
 def summary(timeline: Timeline) -> str:
@@ -160,15 +187,20 @@ def summary(timeline: Timeline) -> str:
             f"at the loads seen, the starting table would give {kept:.1%} of the oracle's "
             f"goodput, the daemon's tables {ours:.1%} (model)"
         )
-    before, after = share(timeline.goodput_before), share(timeline.goodput_after)
-    if before is not None and after is not None:
-        parts.append(
-            f"measured by the emulator: {before:.1%} of the oracle before the first push, "
-            f"{after:.1%} after (the plugin's exploration steps included)"
+    before, after = measured_around_first_push(timeline)
+    shown = []
+    if before is not None:
+        shown.append(
+            f"{before:.1%} of the oracle" + (" before the first push" if timeline.pushes else "")
         )
-    elif after is not None:
+    if after is not None:
+        shown.append(
+            f"{after:.1%} after" if shown else f"{after:.1%} of the oracle after the first push"
+        )
+    if shown:
         parts.append(
-            f"measured by the emulator after the first push: {after:.1%} of the oracle "
-            "(the plugin's exploration steps included)"
+            "measured by the emulator: "
+            + ", ".join(shown)
+            + " (the plugin's exploration steps included)"
         )
     return "; ".join(parts)
