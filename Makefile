@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The daemon repairing a bad table on the emulator, live (no GPU, no Prometheus; ~1 minute).
+# The daemon repairing a bad table on the emulator, live (no GPU, no Prometheus; ~1 minute,
+# after building .venv the first time).
 demo: $(STAMP)
 	$(BIN)/tabletune demo
 

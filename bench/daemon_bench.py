@@ -43,11 +43,11 @@ from tabletune.admin.state import AdminError, TableState  # noqa: E402
 from tabletune.daemon import logs  # noqa: E402
 from tabletune.daemon.alerts import AlertSink  # noqa: E402
 from tabletune.daemon.controller import Controller  # noqa: E402
-from tabletune.daemon.demo import choose_profile  # noqa: E402
 from tabletune.daemon.direct_source import DirectSource  # noqa: E402
 from tabletune.daemon.metrics import DaemonMetrics  # noqa: E402
 from tabletune.daemon.profiles import load_pools  # noqa: E402
 from tabletune.daemon.settings import DaemonSettings, load_settings  # noqa: E402
+from tabletune.demo.cli import choose_profile  # noqa: E402
 from tabletune.errors import InputError, TemporaryError  # noqa: E402
 from tabletune.sim.build import resolve_profile  # noqa: E402
 from tabletune.sim.replica import Replica, SimClock, Unavailable  # noqa: E402

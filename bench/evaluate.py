@@ -13,7 +13,8 @@ mid-run measures how fast the adaptive ones follow.
 Scoring: every step's goodput is the EXPECTED kept tokens of the k it ran (B * tau_true(k)) over
 its step time, so a policy is scored on its decisions without sampling noise; the policies
 themselves learn only from the sampled per-position counts, as they would from vLLM's counters.
-Writes bench/results/eval_emulator.json and PNGs next to it.
+Writes bench/results/eval_emulator.json and PNGs next to it, and every adaptive run to
+bench/results/raw/eval_emulator_raw.json (ignored by git).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ RESULTS = ROOT / "bench" / "results"
 SAMPLE_PROFILE = ROOT / "examples" / "sample-profile.json"
 
 ACCEPTANCE_SETS: dict[str, tuple[float, ...]] = {
-    "realistic": (0.75, 0.55, 0.40),  # EAGLE-3 rates quoted in DESIGN.md
+    "realistic": (0.75, 0.55, 0.40),  # EAGLE-3 rates quoted in docs/design.md
     "low": (0.50, 0.25, 0.12),  # a weak drafter / hard prompts: the table turns at B~90
 }
 QUARTER_DOCS_TABLE = ((1, 16, 3), (17, 32, 1), (33, 128, 0))
@@ -987,8 +988,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    raw_path = out.with_name(out.stem + "_raw.json")
-    record["raw"] = f"{raw_path.name}: per seed, load and set, every adaptive run"
+    raw_path = out.parent / "raw" / f"{out.stem}_raw.json"  # raw/: ignored by git
+    raw_path.parent.mkdir(exist_ok=True)
+    record["raw"] = f"raw/{raw_path.name}: per seed, load and set, every adaptive run (not kept)"
     out.write_text(json.dumps(_rounded(record), indent=1, default=_plain) + "\n")
     raw_path.write_text(json.dumps(_rounded(raw), separators=(",", ":"), default=_plain) + "\n")
     plot(results, loads, raw, out, f"{profile.metadata.gpu} profile {shown_path}", step_times)

@@ -1,5 +1,5 @@
 """Writes examples/sample-profile.json: a SAMPLE (not measured) profile built from the H200 step
-times quoted in DESIGN.md's engine facts (dummy Qwen3-4B + EAGLE-3, vLLM 0.26.0, V2 runner):
+times quoted in docs/design.md's engine facts (dummy Qwen3-4B + EAGLE-3, vLLM 0.26.0, V2 runner):
 ~4.5 ms at B=1 for every k, 11-14 ms at B=128 and 18-26 ms at B=256 for k=0..3, and the real jump
 of k=2 at B=4 (~14.5 ms). Between those anchors T is interpolated linearly; three samples per cell
 with a small fixed jitter. The profiler issue replaces it with a measured profile under profiles/.
@@ -18,7 +18,7 @@ from tabletune import __version__
 from tabletune.schemas import AcceptanceProfile, Profile, ProfileMetadata, save_model
 from tabletune.schemas.profile import Cell
 
-# (B, ms) anchors per k, from DESIGN.md; B=16 anchors give the gentle small-batch slope.
+# (B, ms) anchors per k, from docs/design.md; B=16 anchors give the gentle small-batch slope.
 ANCHORS: dict[int, list[tuple[int, float]]] = {
     0: [(1, 4.5), (16, 5.0), (128, 11.0), (256, 18.0)],
     1: [(1, 4.5), (16, 5.2), (128, 12.0), (256, 20.5)],

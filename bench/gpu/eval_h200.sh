@@ -12,8 +12,9 @@
 #     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux2014_x86_64 -d .gpu-bundle/p3/wheels structlog tenacity "apscheduler<4" tzlocal
 # Results: one JSON line per measurement window in $RESULTS_DIR/eval_h200_<stamp>.jsonl, the vLLM
-# and daemon logs beside it. `bench/gpu/eval_h200_report.py` turns the lines into
-# bench/results/eval_h200.json and PNGs.
+# and daemon logs beside it ($RESULTS_DIR: bench/results/raw, ignored by git: raw windows and logs
+# are not committed). `bench/gpu/eval_h200_report.py` turns the lines into
+# bench/results/eval_h200.json and PNGs (those are committed).
 #
 # How each part is done:
 # - One launch: the starting table holds every k (0..3) so the V2 runner captures graphs for all;
@@ -56,7 +57,7 @@ SWITCH_LOAD=${SWITCH_LOAD:-48}
 SWITCH_BEFORE_S=${SWITCH_BEFORE_S:-60}
 SWITCH_AFTER_S=${SWITCH_AFTER_S:-45}
 WHEELS=${WHEELS:-.gpu-bundle/p3}
-RESULTS_DIR=${RESULTS_DIR:-bench/results}
+RESULTS_DIR=${RESULTS_DIR:-bench/results/raw}
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 WORK=$(mktemp -d /tmp/tt-eval.XXXXXX)
 mkdir -p "$RESULTS_DIR"

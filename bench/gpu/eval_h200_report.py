@@ -1,6 +1,6 @@
 """Turn the JSON lines of `bench/gpu/eval_h200.sh` runs into bench/results/eval_h200.json + PNGs.
 
-    .venv/bin/python bench/gpu/eval_h200_report.py bench/results/eval_h200_<stamp>.jsonl [...]
+    .venv/bin/python bench/gpu/eval_h200_report.py bench/results/raw/eval_h200_<stamp>.jsonl [...]
 
 Static arms: per-load loss of each arm against the best fixed k at that load (tokens/s from vLLM's
 generation-token counter), the worst load per arm, and the spread between arms that ran the same

@@ -34,6 +34,11 @@ OUT=${OUT:-/tmp/live-step-time}
 MODELS=${MODELS:-/tmp/models}
 WHEEL=${WHEEL:-$(ls -t .gpu-bundle/p3/tabletune-*.whl 2>/dev/null | head -1)}
 SERVER_MODULE=${SERVER_MODULE:-vllm.entrypoints.openai.api_server}
+# Another driver of the same launch (bench/gpu/live_daemon.py) and its report ("none": none).
+DRIVER=${DRIVER:-bench/gpu/live_step_time.py}
+REPORT=${REPORT:-bench/gpu/live_step_time_report.py}
+# Pure-Python wheels the host lacks (the daemon's: structlog, tenacity, apscheduler, tzlocal...).
+EXTRA_WHEELS=${EXTRA_WHEELS:-.gpu-bundle/p3/wheels}
 SYNC_S=${TABLETUNE_SYNC_INTERVAL_S:-1}
 BUDGET_S=${BUDGET_S:-525}
 PORT=${PORT:-8000}
@@ -46,8 +51,10 @@ work=$(mktemp -d /tmp/tt-live.XXXXXX)
 # TableTune (entry points included) into a private site dir, first on the path.
 if [[ $WHEEL != none ]]; then
   [[ -f $WHEEL ]] || { echo "no tabletune wheel (WHEEL=$WHEEL)" >&2; exit 2; }
+  extra=()
+  [[ -d $EXTRA_WHEELS ]] && extra=("$EXTRA_WHEELS"/*.whl)
   python3 -m pip install -q --no-deps --no-index --no-compile --target "$work/site" "$WHEEL" \
-    || exit 2
+    "${extra[@]}" || exit 2
   export PYTHONPATH="$work/site:${PYTHONPATH:-}"
 fi
 python3 -c 'import tabletune.plugin.step_timer' || { echo "tabletune not importable" >&2; exit 2; }
@@ -92,14 +99,16 @@ print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, 
 # JSON written after the last finished part stays.
 now=$(date +%s)
 budget=$((BUDGET_S - (now - started) - 25))
-timeout -s INT $((budget + 20)) python3 bench/gpu/live_step_time.py \
-  --base "http://127.0.0.1:$PORT" --pid "$vllm_pid" --out "$OUT/live_step_time.json" \
+name=$(basename "$DRIVER" .py)
+timeout -s INT $((budget + 20)) python3 "$DRIVER" \
+  --base "http://127.0.0.1:$PORT" --pid "$vllm_pid" --out "$OUT/$name.json" \
   --meta "$meta" --started-s $((now - launched)) --budget-s "$budget" \
   --sync-interval-s "$SYNC_S" ${DRIVER_ARGS:-}
 rc=$?
 stop_vllm
 trap - EXIT
-python3 bench/gpu/live_step_time_report.py "$OUT/live_step_time.json" \
-  --out "$OUT/live_step_time_h200.json" || { [ "$rc" -eq 0 ] && rc=3; }
+if [[ $REPORT != none ]]; then
+  python3 "$REPORT" "$OUT/$name.json" --out "$OUT/${name}_h200.json" || { [ "$rc" -eq 0 ] && rc=3; }
+fi
 echo "done in $(( $(date +%s) - started )) s (driver exit $rc)"
 exit "$rc"

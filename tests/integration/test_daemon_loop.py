@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tabletune.daemon.demo import emulator
 from tabletune.daemon.service import Daemon, build_daemon
 from tabletune.daemon.settings import load_settings
+from tabletune.demo.emulator import emulator
 from tests.support.servers import (
     AlertmanagerServer,
     PrometheusServer,

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tabletune.daemon.demo import emulator
 from tabletune.daemon.state import StateStore
+from tabletune.demo.emulator import emulator
 from tests.support.servers import free_port, poll_until
 
 pytestmark = pytest.mark.integration

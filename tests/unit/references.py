@@ -1,5 +1,5 @@
-"""Named reference cases (DESIGN.md's worked examples and the noise-aware rules), shared by
-solver and CLI tests. Every expected value below is worked out by hand in its comment."""
+"""Named reference cases (docs/design.md's worked examples and the noise-aware rules), shared
+by solver and CLI tests. Every expected value below is worked out by hand in its comment."""
 
 from __future__ import annotations
 

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tabletune.cli import main as cli_main
+from tabletune.cli.inputs import parse_k_list
 from tabletune.cli.main import main
+from tabletune.errors import InputError
 from tabletune.schemas import save_model
 from tabletune.schemas.profile import Cell
 from tests.unit.references import H200, H200_EXACT_TABLE, profile_of
@@ -137,3 +145,138 @@ def test_broken_profile_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixt
     broken.write_text('{"schema_version": 1, "kind": "tabletune.profile"}')
     assert main(["solve", "--profile", str(broken)]) == 2
     assert f"{broken}: metadata: Field required" in capsys.readouterr().err
+
+
+# --- the entry point: every command listed, missing extras, paths, broken pipes ---------------
+
+PART_COMMANDS = {
+    "profile": "profiler",
+    "check": "profiler",
+    "sim": "sim",
+    "daemon": "daemon",
+    "demo": "demo",
+}
+# What each part's extra brings and the core install lacks.
+EXTRA_ONLY = [
+    "yaml",
+    "httpx",
+    "structlog",
+    "rich",
+    "matplotlib",
+    "fastapi",
+    "uvicorn",
+    "prometheus_client",
+    "prometheus_api_client",
+    "apscheduler",
+    "tenacity",
+    "pydantic_settings",
+]
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    for command in ["solve", "compare", *PART_COMMANDS]:
+        assert f"    {command} " in listed, command
+
+
+@pytest.mark.parametrize("command", PART_COMMANDS)
+@pytest.mark.parametrize("rest", [[], ["--help"], ["list", "--once", "-K", "3"]])
+def test_a_part_whose_extra_is_missing_names_the_extra_whatever_follows(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    rest: list[str],
+) -> None:
+    real_import = importlib.import_module
+    extra = PART_COMMANDS[command]
+
+    def without_dependency(name: str, package: str | None = None) -> Any:
+        part = next(p for p in cli_main.PARTS if p.module == name)
+        if part.extra == extra:
+            raise ModuleNotFoundError("No module named 'somelib'", name="somelib")
+        return real_import(name, package)
+
+    monkeypatch.setattr(cli_main.importlib, "import_module", without_dependency)
+    assert main([command, *rest]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"tabletune {command}: needs the [{extra}] extra (somelib is not installed): "
+        f"pip install 'tabletune[{extra}]'\n"
+    )
+
+
+def test_a_core_part_that_cannot_be_imported_is_a_bug_not_a_missing_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(name: str, package: str | None = None) -> Any:
+        raise ModuleNotFoundError("No module named 'numpy'", name="numpy")
+
+    monkeypatch.setattr(cli_main.importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError):
+        main(["solve"])
+
+
+def test_with_the_core_install_only_every_command_answers(tmp_path: Path) -> None:
+    """A fresh interpreter where every extra's library is missing (as after
+    ``pip install tabletune``): solve works, the others name their extra."""
+    script = tmp_path / "core_only.py"
+    script.write_text(
+        "import contextlib, io, json, sys\n"
+        f"for name in {EXTRA_ONLY!r}:\n"
+        "    sys.modules[name] = None  # import raises ModuleNotFoundError\n"
+        "from tabletune.cli.main import main\n"
+        f"for command in {[*PART_COMMANDS, 'solve']!r}:\n"
+        "    err = io.StringIO()\n"
+        "    args = ['--profile', sys.argv[1], '--json'] if command == 'solve' else ['--once']\n"
+        "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):\n"
+        "        code = main([command, *args])\n"
+        "    print(json.dumps([command, code, err.getvalue()]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script), str(SAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    answers = {c: (code, err) for c, code, err in map(json.loads, done.stdout.splitlines())}
+    assert answers.pop("solve") == (0, "")
+    for command, (code, err) in answers.items():
+        extra = PART_COMMANDS[command]
+        assert code == 2
+        assert err.startswith(f"tabletune {command}: needs the [{extra}] extra (")
+        assert err.endswith(f"pip install 'tabletune[{extra}]'\n")
+
+
+def test_an_output_into_a_missing_folder_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "no" / "such" / "table.json"
+    assert main(["solve", "--profile", str(SAMPLE), "--output", str(out)]) == 2
+    assert capsys.readouterr().err == (f"tabletune: error: {out}: No such file or directory\n")
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
+    """``tabletune sim list | head -0``: the pipe is closed before anything is written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tabletune.cli.main", "sim", "list"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == b""
+    assert done.returncode == 1
+
+
+@pytest.mark.parametrize("text", ["", ",", " , ", "1,-1", "x"])
+def test_an_empty_or_bad_k_list_is_refused(text: str) -> None:
+    with pytest.raises(InputError, match=r"^--allowed-k: expected"):
+        parse_k_list(text)

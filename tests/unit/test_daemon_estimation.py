@@ -31,7 +31,7 @@ def test_closed_form_equals_successive_rebuilds(decay: bool) -> None:
 
 
 def test_design_example_one_rebuild() -> None:
-    # DESIGN.md: a_2 prior 0.5, 2000 drafted, 1200 kept -> (1000 + 1200) / 4000 = 0.55.
+    # docs/design.md: a_2 prior 0.5, 2000 drafted, 1200 kept -> (1000 + 1200) / 4000 = 0.55.
     settings = load_settings({"TABLETUNE_ESTIMATOR__REBUILD_EVERY_DRAFTS": "2000"}).estimator
     assert settings.prior_decay  # halves w after the estimate: the estimate itself is the same
     unit = UnitEstimator.start((0.7, 0.5, 0.3), settings=settings)

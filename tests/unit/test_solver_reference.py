@@ -1,4 +1,4 @@
-"""Named reference cases through the solver: DESIGN.md's worked examples exactly, the
+"""Named reference cases through the solver: docs/design.md's worked examples exactly, the
 noise-aware rules, and the committed H200 profile before and after them."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Per-step draft-length policies to compare TableTune against (pure; may import the solver).
 
 Each is labelled "-style": it follows its paper's description as far as the emulator can express
-it (see bench/README.md for what was followed and what was left out).
+it (see docs/results.md for what was followed and what was left out).
 """
 
 from tabletune.baselines.linear_model import LinearStepModel

@@ -1,11 +1,12 @@
-"""Loading what solve/compare need, with errors that name the file or argument, and the table
-problem both build from the same options."""
+"""Loading what the commands need, with errors that name the file or argument, and the table
+problem solve/compare build from the same options."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 
 from tabletune.errors import InputError
 from tabletune.schemas import Profile, load_acceptance, load_profile
@@ -28,15 +29,43 @@ class Inputs:
     max_batch: int
 
 
-def parse_k_list(text: str) -> frozenset[int]:
-    """``"0,1,3"`` -> {0, 1, 3}."""
+def parse_k_list(text: str, flag: str = "--allowed-k") -> frozenset[int]:
+    """``"0,1,3"`` -> {0, 1, 3}; empty or negative is refused (``flag`` names the argument)."""
     try:
         values = frozenset(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise InputError(f"--allowed-k: expected comma-separated integers, got {text!r}") from None
+        raise InputError(f"{flag}: expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 0:
-        raise InputError(f"--allowed-k: expected non-negative integers, got {text!r}")
+        raise InputError(f"{flag}: expected non-negative integers, got {text!r}")
     return values
+
+
+def number_type(
+    kind: Callable[[str], int | float], ok: Callable[[float], bool], expected: str
+) -> Callable[[str], int | float]:
+    """An argparse ``type``: ``kind(text)`` that must satisfy ``ok``, else a one-line error
+    saying ``expected`` (NaN never satisfies it)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value != value or not ok(value):  # value != value: NaN
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+def make_output_folder(output: Path, flag: str) -> None:
+    """Make the folder an output file goes into, before any work (a bad path is then one line
+    at once, not a traceback at the end of a run)."""
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise InputError(f"{flag}: cannot make the folder {output.parent}: {reason}") from None
 
 
 def load_inputs(profile_path: str, acceptance_path: str | None, max_batch: int | None) -> Inputs:

@@ -1,1 +1,1 @@
-"""tabletune.daemon (see DESIGN.md)."""
+"""tabletune.daemon: the controller loop (docs/daemon.md; the whole design: docs/design.md)."""

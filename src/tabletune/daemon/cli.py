@@ -13,10 +13,6 @@ from tabletune.daemon.settings import load_settings, masked
 
 
 def register(subparsers: Any) -> None:
-    """``tabletune daemon`` and ``tabletune demo`` (one module, so a missing [daemon] extra
-    gives one clear stub instead of two)."""
-    from tabletune.daemon import demo
-
     parser = subparsers.add_parser(
         "daemon",
         help="keep each replica's table right (configured by TABLETUNE_* variables)",
@@ -29,7 +25,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--once", action="store_true", help="run one evaluation and exit")
     parser.add_argument("--dry-run", action="store_true", help="compute and report; push nothing")
     parser.set_defaults(run=run)
-    demo.register(subparsers)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,1 +1,1 @@
-"""tabletune.profiler (see DESIGN.md)."""
+"""tabletune.profiler: T(B,k) and acceptance measured on real vLLM (docs/profiler.md)."""

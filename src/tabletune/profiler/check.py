@@ -6,12 +6,17 @@ one-range table, k=0 through a table, and no speculation at all. Two findings wa
 setting a table makes serving slower (vLLM's V1 runner drops full CUDA graphs to piecewise as
 soon as a table is set: 30-43 % on an H100), and k=0 costs more than no speculation (EAGLE-style
 drafters still run at k=0). Three launches: static K, with a table, without speculation.
+
+Writes the step times and findings as JSON (--output, default engine-check.json); the three
+launches' vLLM logs go to --logs, by default a new temporary folder (said at the start and the
+end), so a check leaves nothing in the working folder but its JSON.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -173,6 +178,13 @@ class EngineCheck:
         for warning in result.warnings:
             self.reporter.note(f"[bold red]WARNING[/]: {warning}")
         return result
+
+
+def logs_folder(chosen: Path | None) -> Path:
+    """Where the launches' vLLM logs go: ``chosen``, else a new temporary folder."""
+    if chosen is not None:
+        return chosen
+    return Path(tempfile.mkdtemp(prefix="tabletune-check-"))
 
 
 def launching_arms(settings: ProfilerSettings, log_dir: Path, reporter: Reporter) -> ArmOpener:

@@ -6,12 +6,22 @@ import argparse
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
 from pathlib import Path
 
+from tabletune.cli.inputs import make_output_folder, number_type, parse_k_list
 from tabletune.errors import InputError
-from tabletune.profiler.check import CheckRequest, EngineCheck, launching_arms, write_check
+from tabletune.profiler import check as engine_check
+from tabletune.profiler.check import (
+    CheckRequest,
+    EngineCheck,
+    launching_arms,
+    logs_folder,
+    write_check,
+)
+from tabletune.profiler.hook_protocol import SamplerMode
 from tabletune.profiler.progress import RichReporter
 from tabletune.profiler.run import ProfileRequest, ProfileRun
 from tabletune.profiler.settings import (
@@ -42,37 +52,124 @@ def _floats(text: str) -> tuple[float, ...]:
         ) from None
 
 
+_positive_int = number_type(int, lambda v: v >= 1, "an integer >= 1")
+_non_negative_int = number_type(int, lambda v: v >= 0, "an integer >= 0")
+_port = number_type(int, lambda v: 0 <= v <= 65535, "a port in 0..65535 (0: a free one)")
+_seconds = number_type(float, lambda v: 0 < v < float("inf"), "seconds > 0")
+_non_negative = number_type(float, lambda v: 0 <= v < float("inf"), "a number >= 0")
+_factor = number_type(float, lambda v: 1 < v < float("inf"), "a factor > 1")
+
+
+def _batch_list(text: str) -> tuple[int, ...]:
+    values = _ints(text)
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected batch sizes >= 1, got {text!r}")
+    return values
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    rates = _floats(text)
+    try:
+        SamplerMode("synthetic", rates)  # in [0, 1], non-increasing: the hook's own check
+    except InputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return rates
+
+
+def _engine_args(text: str) -> str:
+    try:
+        shlex.split(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{error} in {text!r}") from None
+    return text
+
+
+def _executable(text: str) -> str:
+    if shutil.which(text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an executable (or not on PATH)")
+    return text
+
+
+def _readable_file(text: str) -> str:
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
+    return text
+
+
+def _url(text: str) -> str:
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"expected http://HOST:PORT, got {text!r}")
+    return text
+
+
 def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     engine = parser.add_argument_group("engine")
     engine.add_argument("--model", required=True, help="target model (path or name)")
     engine.add_argument("--drafter", help="draft model (path or name)")
     engine.add_argument("--method", default="eagle3", help="speculative method (default eagle3)")
     engine.add_argument(
-        "--num-speculative-tokens", "-K", type=int, required=True, help="K, the longest k"
+        "--num-speculative-tokens",
+        "-K",
+        type=_positive_int,
+        required=True,
+        help="K, the longest k",
     )
-    engine.add_argument("--max-num-seqs", type=int, required=True)
+    engine.add_argument(
+        "--max-num-seqs", type=_positive_int, required=True, help="vLLM's --max-num-seqs"
+    )
     engine.add_argument(
         "--engine-args",
+        type=_engine_args,
         default="",
         help="extra vLLM arguments, one string (e.g. '--load-format dummy --skip-tokenizer-init')",
     )
-    engine.add_argument("--python", default=sys.executable, help="Python that has vLLM")
+    engine.add_argument(
+        "--python", type=_executable, default=sys.executable, help="Python that has vLLM"
+    )
     engine.add_argument(
         "--server-module",
         default=LaunchSettings.server_module,
         help="module run as the server (default vLLM's OpenAI server)",
     )
-    engine.add_argument("--port", type=int, default=0, help="0: a free port")
-    engine.add_argument("--startup-timeout", type=float, default=900.0, help="seconds")
+    engine.add_argument("--port", type=_port, default=0, help="0: a free port")
+    engine.add_argument(
+        "--startup-timeout", type=_seconds, default=900.0, help="seconds (default 900)"
+    )
     timing = parser.add_argument_group("timing")
-    timing.add_argument("--repeats", type=int, default=3)
-    timing.add_argument("--decode-tokens", type=int, default=64)
-    timing.add_argument("--prompt-tokens", type=int, default=32)
-    timing.add_argument("--warmup-batches", type=_ints, default=(1, 8, 64))
-    timing.add_argument("--outlier-factor", type=float, default=1.5)
-    timing.add_argument("--remeasure-rounds", type=int, default=1)
-    timing.add_argument("--seed", type=int, default=0)
-    timing.add_argument("--request-timeout", type=float, default=300.0, help="seconds")
+    timing.add_argument(
+        "--repeats", type=_positive_int, default=3, help="samples per cell (default 3)"
+    )
+    timing.add_argument(
+        "--decode-tokens",
+        type=_positive_int,
+        default=64,
+        help="decode steps timed per sample (default 64)",
+    )
+    timing.add_argument(
+        "--prompt-tokens", type=_positive_int, default=32, help="prompt length (default 32)"
+    )
+    timing.add_argument(
+        "--warmup-batches",
+        type=_batch_list,
+        default=(1, 8, 64),
+        help="batch sizes run once after each k is set (default 1,8,64)",
+    )
+    timing.add_argument(
+        "--outlier-factor",
+        type=_factor,
+        default=1.5,
+        help="a cell this many times off its neighbours is re-measured (default 1.5)",
+    )
+    timing.add_argument(
+        "--remeasure-rounds",
+        type=_non_negative_int,
+        default=1,
+        help="extra rounds for such cells (default 1)",
+    )
+    timing.add_argument("--seed", type=int, default=0, help="prompt token ids (default 0)")
+    timing.add_argument(
+        "--request-timeout", type=_seconds, default=300.0, help="seconds (default 300)"
+    )
 
 
 def settings_from(args: argparse.Namespace) -> ProfilerSettings:
@@ -129,7 +226,23 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def _check_profile_flags(args: argparse.Namespace) -> None:
+    """What depends on K, checked (and --ks parsed) before vLLM starts."""
+    big_k = args.num_speculative_tokens
+    if args.ks is not None:
+        args.ks = tuple(sorted(parse_k_list(args.ks, flag="--ks")))
+        if max(args.ks) > big_k:
+            raise InputError(f"--ks: each k must be in 0..K={big_k}, got {list(args.ks)}")
+    rates = args.acceptance_synthetic_rates
+    if rates is not None and len(rates) != big_k:
+        raise InputError(
+            f"--acceptance-synthetic-rates: expected K={big_k} rates, got {len(rates)}"
+        )
+    make_output_folder(Path(args.output), "--output")
+
+
 def _run_profile(args: argparse.Namespace) -> int:
+    _check_profile_flags(args)
     _stop_on_sigterm()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
@@ -177,20 +290,27 @@ def _run_check(args: argparse.Namespace) -> int:
         batch_sizes=args.batch_sizes,
         threshold=args.threshold,
     )
-    reporter = RichReporter()
     output = Path(args.output)
+    _ = request.fixed_k  # a k outside 1..K is refused here, before any launch
+    beyond = [b for b in request.batch_sizes if b > request.max_num_seqs]
+    if beyond:
+        raise InputError(f"--batch-sizes: {beyond} above --max-num-seqs {request.max_num_seqs}")
+    make_output_folder(output, "--output")
+    reporter = RichReporter()
+    logs = logs_folder(args.logs)
+    reporter.note(f"vLLM logs: {logs}")
     check = EngineCheck(
         request,
         settings=settings,
         reporter=reporter,
-        open_arm=launching_arms(settings, output.with_suffix(".logs"), reporter),
+        open_arm=launching_arms(settings, logs, reporter),
     )
     result = check.run()
     write_check(result, output)
     for arm, row in result.step_ms.items():
         cells = ", ".join(f"B={b}: {v:.2f} ms" for b, v in row.items())
         reporter.note(f"{arm:>9}: {cells}")
-    reporter.note(f"written: {output}")
+    reporter.note(f"written: {output} (vLLM logs: {logs})")
     return 1 if result.warnings and args.fail_on_warning else 0
 
 
@@ -206,25 +326,41 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _engine_arguments(profile)
     profile.add_argument("--output", "-o", required=True, help="profile JSON (siblings beside it)")
-    profile.add_argument("--attach", metavar="URL", help="use a running vLLM with the plugin")
-    profile.add_argument("--ks", type=_ints, help="draft lengths to profile (default 0..K)")
+    profile.add_argument(
+        "--attach", metavar="URL", type=_url, help="use a running vLLM with the plugin"
+    )
+    profile.add_argument("--ks", help="draft lengths to profile, e.g. 0,1,3 (default 0..K)")
     profile.add_argument("--gpu", help="GPU name for the metadata (default: nvidia-smi)")
     profile.add_argument("--model-runner", choices=("v1", "v2"), help="for the metadata")
-    profile.add_argument("--dense-until", type=int, default=16, help="every B up to this")
-    profile.add_argument("--grid-step", type=int, default=8, help="then every this many")
+    profile.add_argument(
+        "--dense-until", type=_positive_int, default=16, help="every B up to this (default 16)"
+    )
+    profile.add_argument(
+        "--grid-step", type=_positive_int, default=8, help="then every this many (default 8)"
+    )
     profile.add_argument(
         "--batch-sizes",
-        type=_ints,
+        type=_batch_list,
         help="exactly these batch sizes instead (e.g. 80,81,...,96 to resolve a region densely)",
     )
-    profile.add_argument("--acceptance-prompts", help="JSONL prompt set (text or token ids)")
-    profile.add_argument("--acceptance-num-prompts", type=int, default=160)
-    profile.add_argument("--acceptance-max-tokens", type=int, default=128)
-    profile.add_argument("--acceptance-concurrency", type=int, default=32)
-    profile.add_argument("--temperature", type=float, default=0.0, help="serving temperature")
+    profile.add_argument(
+        "--acceptance-prompts", type=_readable_file, help="JSONL prompt set (text or token ids)"
+    )
+    profile.add_argument(
+        "--acceptance-num-prompts", type=_positive_int, default=160, help="(default 160)"
+    )
+    profile.add_argument(
+        "--acceptance-max-tokens", type=_positive_int, default=128, help="(default 128)"
+    )
+    profile.add_argument(
+        "--acceptance-concurrency", type=_positive_int, default=32, help="(default 32)"
+    )
+    profile.add_argument(
+        "--temperature", type=_non_negative, default=0.0, help="serving temperature (default 0)"
+    )
     profile.add_argument(
         "--acceptance-synthetic-rates",
-        type=_floats,
+        type=_rates,
         help="test mode: measure acceptance under vLLM's synthetic sampler with these a_i",
     )
     profile.add_argument("--no-acceptance", action="store_true")
@@ -235,11 +371,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     check = subparsers.add_parser(
         "check",
         help="engine check: fixed k with/without a table, k=0 vs no speculation (3 launches)",
+        description=engine_check.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _engine_arguments(check)
-    check.add_argument("--k", type=int, help="the fixed k to compare (default K)")
-    check.add_argument("--batch-sizes", type=_ints, default=(), help="default 1,N/4,N")
-    check.add_argument("--threshold", type=float, default=0.03, help="difference that warns")
-    check.add_argument("--output", "-o", default="engine-check.json")
+    check.add_argument("--k", type=_positive_int, help="the fixed k to compare (default K)")
+    check.add_argument(
+        "--batch-sizes", type=_batch_list, default=(), help="(default 1, N/4, N: N=max-num-seqs)"
+    )
+    check.add_argument(
+        "--threshold",
+        type=_non_negative,
+        default=0.03,
+        help="a difference above this warns (default 0.03: 3 %%)",
+    )
+    check.add_argument(
+        "--output", "-o", default="engine-check.json", help="(default engine-check.json)"
+    )
+    check.add_argument(
+        "--logs",
+        type=Path,
+        help="folder for the vLLM logs of the three launches (default: a new temporary folder)",
+    )
     check.add_argument("--fail-on-warning", action="store_true", help="exit 1 on a warning")
     check.set_defaults(run=_run_check)

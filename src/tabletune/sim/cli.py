@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
+from tabletune.cli.inputs import number_type
 from tabletune.sim.build import resolve_profile, usable_step_times
 from tabletune.sim.scenario import load_scenario, packaged_names
+
+_port = number_type(int, lambda v: 0 < v < 65536, "a port in 1..65535")
+_speed = number_type(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
 
 
 def register(subparsers: Any) -> None:
@@ -22,11 +25,11 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--scenario", required=True, help="scenario file, or a packaged name")
     serve.add_argument("--profile", help="profile JSON (default: the scenario's)")
     where = serve.add_mutually_exclusive_group()
-    where.add_argument("--port", type=int, help="one engine on this port (default 8000)")
+    where.add_argument("--port", type=_port, help="one engine on this port (default 8000)")
     where.add_argument("--ports", help="one engine per port, A-B inclusive (e.g. 9000-9999)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument(
-        "--speed", type=float, default=1.0, help="simulated seconds per wall second (default 1)"
+        "--speed", type=_speed, default=1.0, help="simulated seconds per wall second (default 1)"
     )
     serve.set_defaults(run=run_serve)
 
@@ -44,9 +47,6 @@ def register(subparsers: Any) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from tabletune.sim.serve import bind_sockets, build_replicas, parse_ports, serve
 
-    if not args.speed > 0:
-        print("tabletune sim: --speed must be > 0", file=sys.stderr)
-        return 2
     scenario, base_dir = load_scenario(args.scenario)
     profile = resolve_profile(scenario, base_dir, args.profile)
     usable_step_times(scenario, profile)

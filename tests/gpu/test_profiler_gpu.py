@@ -1,9 +1,10 @@
 """GPU tier: ``tabletune profile`` against a real vLLM 0.26 with the plugin (skipped without).
 
-Run on the GPU host after device-setup.sh and the wheel install, e.g.
-``pytest -m gpu tests/unit/test_profiler_gpu.py``. It launches the dummy Qwen3-4B + EAGLE-3
-shapes (needs /tmp/models), times a small grid in one launch and checks the synthetic rates
-come back through vLLM's counters. bench/gpu/profile_h200.sh is the full-size run.
+Run on a GPU host with vLLM 0.26 and this package installed, e.g.
+``pytest -m gpu tests/gpu/test_profiler_gpu.py``. It launches dummy-weight Qwen3-4B + EAGLE-3
+shapes (their config folders under /tmp/models: ``--load-format dummy``), times a small grid in
+one launch and checks the synthetic rates come back through vLLM's counters.
+bench/gpu/profile_h200.sh is the full-size run.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None or not (MODELS / "qwen3-4b").exists(),
-        reason="needs vLLM 0.26 and the model configs (GPU host after device-setup.sh)",
+        reason="needs vLLM 0.26 and the model configs under /tmp/models (a GPU host)",
     ),
 ]
 

@@ -1,0 +1,254 @@
+"""The daemon with live step time on real vLLM 0.26 (+ the plugin), in ONE launch
+(``DRIVER=bench/gpu/live_daemon.py bash bench/gpu/live_step_time.sh``).
+
+Same server and traffic as live_step_time.py (128 closed-loop clients, prompts 16-96 tokens,
+outputs 300-700, contexts spread). Parts, in this order:
+
+  fixed-k     references: fixed k=2 / k=3, ABBA, ROUNDS windows per arm
+  bursts      table k=3, neighbour bursts (BURST_INTERVAL steps apart, BURST steps each): the
+              k=2 steps after a burst's first (in the cells) vs the fixed k=2 arm, and the
+              switch steps counted apart
+  daemon      the measured profile's table put in, then ``tabletune daemon`` (direct scrape,
+              DAEMON_CYCLE_S cycles, live step time, its default neighbour bursts) for
+              DAEMON_S seconds: windows of tokens/s and the table's k at the running load; then
+              the daemon stops and fixed k=2, k=3 and the daemon's last table are measured
+              again, rotated
+  overhead    step_timing false vs true with fixed-length requests (prompt 64, output 512),
+              ABBA: less traffic noise than random lengths
+
+Every window is a raw row as in live_step_time.py; the JSON is rewritten after every part.
+bench/gpu/live_daemon_report.py turns it into bench/results/live_daemon_h200.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from live_step_time import (  # this script's folder is first on sys.path
+    SETTINGS_PATH,
+    STATIC,
+    TABLE_PATH,
+    TIMING_OFF,
+    ClosedLoop,
+    Lengths,
+    Row,
+    Server,
+    abba,
+    wait_ready,
+)
+
+FIXED_LENGTHS = Lengths(prompt=(64, 64), output=(512, 512))
+TIMING_ON = {"step_timing": True, "exploration_interval": 0, "hysteresis": 0,
+             "neighbour_interval": 0}  # fmt: skip
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, result: Row) -> None:
+        self.args = args
+        self.result = result
+        self.server = Server(args.base)
+        self.deadline = time.monotonic() + args.budget_s
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def save(self) -> None:
+        Path(self.args.out).write_text(json.dumps(self.result, indent=1) + "\n")
+
+    async def part(self, name: str, needs_s: float, body: Callable[[], Awaitable[None]]) -> None:
+        if self.left_s() < needs_s:
+            self.result["skipped"].append({"part": name, "needed_s": needs_s,
+                                           "left_s": round(self.left_s(), 1)})  # fmt: skip
+            return
+        started = time.monotonic()
+        print(f"== {name} ({self.left_s():.0f} s left)", flush=True)
+        try:
+            await body()
+        except Exception as error:  # recorded; the next part still runs
+            self.result["errors"].append({"part": name, "error": repr(error)[:500]})
+            print(f"!! {name}: {error!r}", flush=True)
+        self.result["durations_s"][name] = round(time.monotonic() - started, 1)
+        self.save()
+
+    async def window(self, part: str, arm: str, index: int, seconds: float) -> Row:
+        row = await self.server.window({"part": part, "arm": arm, "index": index}, seconds)
+        self.result["windows"].append(row)
+        print(json.dumps({k: row[k] for k in ("part", "arm", "tokens_per_s")}), flush=True)
+        return row
+
+    async def put_table(self, table: list[list[int]]) -> None:
+        await self.server.put(TABLE_PATH, {"table": table})
+
+    async def fixed(self, part: str, arms: list[str], seconds: float) -> None:
+        await self.server.put(SETTINGS_PATH, STATIC)
+        for index, arm in enumerate(arms):
+            await self.put_table(self.tables[arm])
+            await asyncio.sleep(self.args.settle_s)
+            await self.window(part, arm, index, seconds)
+
+    @property
+    def tables(self) -> dict[str, list[list[int]]]:
+        top = self.args.max_num_seqs
+        found = {"k2": [[1, top, 2]], "k3": [[1, top, 3]]}
+        if self.result.get("daemon_table"):
+            found["daemon"] = self.result["daemon_table"]
+        return found
+
+    async def bursts(self) -> None:
+        await self.put_table([[1, self.args.max_num_seqs, 3]])
+        settings = {**STATIC, "neighbour_interval": self.args.burst_interval,
+                    "neighbour_burst": self.args.burst}  # fmt: skip
+        await self.server.put(SETTINGS_PATH, settings)
+        await asyncio.sleep(self.args.settle_s)
+        await self.window("bursts", f"i{self.args.burst_interval}b{self.args.burst}", 0,
+                          self.args.burst_window_s)  # fmt: skip
+        await self.server.put(SETTINGS_PATH, STATIC)
+
+    async def daemon(self) -> None:
+        await self.server.put(SETTINGS_PATH, STATIC)
+        await self.put_table(json.loads(self.args.start_table))
+        state = Path(self.args.work) / "daemon-state"
+        state.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "TABLETUNE_SOURCE__REPLICAS": self.args.base,
+            "TABLETUNE_PROFILE__PATHS": self.args.profile,
+            "TABLETUNE_LOOP__INTERVAL_S": str(self.args.daemon_cycle_s),
+            "TABLETUNE_STATE__DIR": str(state),
+            "TABLETUNE_SERVER__PORT": "0",
+            "TABLETUNE_LOG__FORMAT": "json",
+        }
+        log = open(Path(self.args.work) / "daemon.log", "w")  # noqa: SIM115 (closed below)
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "tabletune.cli.main", "daemon"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        started = time.monotonic()
+        try:
+            index = 0
+            while time.monotonic() - started < self.args.daemon_s:
+                row = await self.window("daemon", "live", index, self.args.window_s)
+                row["since_daemon_start_s"] = round(time.monotonic() - started, 1)
+                index += 1
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+            log.close()
+        view = await self.server.view()
+        self.result["daemon_table"] = view["table"]
+        self.result["daemon_log_tail"] = (
+            (Path(self.args.work) / "daemon.log").read_text().splitlines()[-60:]
+        )
+        self.save()
+        await self.fixed("after-daemon", ["k2", "daemon", "k3"], self.args.window_s)
+
+    async def overhead(self) -> None:
+        await self.put_table([[1, self.args.max_num_seqs, 3]])
+        await asyncio.sleep(self.args.warmup_s / 2)
+        per_window = self.args.overhead_window_s + self.args.settle_s + 1.5
+        rounds = max(
+            3, min(self.args.overhead_rounds, int((self.left_s() - 10) // (2 * per_window)))
+        )
+        for index, arm in enumerate(abba(("on", "off"), rounds)):
+            await self.server.put(SETTINGS_PATH, TIMING_ON if arm == "on" else TIMING_OFF)
+            await asyncio.sleep(self.args.settle_s)
+            await self.window("overhead", arm, index, self.args.overhead_window_s)
+        await self.server.put(SETTINGS_PATH, {**STATIC, "step_timing": True})
+
+
+async def run(args: argparse.Namespace) -> int:
+    result: Row = {
+        "meta": {
+            "what": "the daemon with live step time on real vLLM: fixed-k references, neighbour "
+            "bursts, the daemon from the profile's table, step-timing overhead",
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            **json.loads(args.meta),
+            "clients": args.clients,
+            "lengths": {"prompt": Lengths().prompt, "output": Lengths().output},
+            "overhead_lengths": {"prompt": FIXED_LENGTHS.prompt, "output": FIXED_LENGTHS.output},
+            "window_s": args.window_s,
+            "burst": {"interval": args.burst_interval, "steps": args.burst},
+            "daemon": {
+                "cycle_s": args.daemon_cycle_s,
+                "run_s": args.daemon_s,
+                "profile": args.profile,
+                "start_table": json.loads(args.start_table),
+            },
+        },
+        "windows": [],
+        "errors": [],
+        "skipped": [],
+        "durations_s": {},
+    }
+    live = Run(args, result)
+    started = time.monotonic()
+    ready = await wait_ready(args.base, args.pid, min(300, live.left_s()))
+    result["meta"]["startup_s"] = round(time.monotonic() - started + args.started_s, 1)
+    if not ready:
+        result["errors"].append({"part": "start", "error": "vLLM did not become ready"})
+        live.save()
+        return 1
+    per_window = args.window_s + args.settle_s + 1.5
+    load = ClosedLoop(args.base, args.model, args.clients, seed=1, lengths=Lengths())
+    await live.part("warmup", args.warmup_s, lambda: asyncio.sleep(args.warmup_s))
+    arms = abba(("k2", "k3"), args.rounds)
+    await live.part("fixed-k", len(arms) * per_window,
+                    lambda: live.fixed("fixed-k", arms, args.window_s))  # fmt: skip
+    await live.part("bursts", args.burst_window_s + 8, live.bursts)
+    await live.part("daemon", args.daemon_s + 4 * per_window, live.daemon)
+    await load.drain()
+    load = ClosedLoop(args.base, args.model, args.clients, seed=2, lengths=FIXED_LENGTHS)
+    await live.part("overhead", 6 * (args.overhead_window_s + 4) + 10, live.overhead)
+    await load.drain()
+    live.save()
+    print(f"wrote {args.out}", flush=True)
+    return 0 if not result["errors"] else 2
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default="qwen3-4b")
+    parser.add_argument("--pid", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--meta", default="{}")
+    parser.add_argument("--budget-s", type=float, default=380)
+    parser.add_argument("--started-s", type=float, default=0)
+    parser.add_argument("--sync-interval-s", type=float, default=1.0)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--clients", type=int, default=128)
+    parser.add_argument("--warmup-s", type=float, default=20)
+    parser.add_argument("--window-s", type=float, default=10)
+    parser.add_argument("--settle-s", type=float, default=2.5)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--burst-interval", type=int, default=32)
+    parser.add_argument("--burst", type=int, default=8)
+    parser.add_argument("--burst-window-s", type=float, default=20)
+    parser.add_argument("--profile", default="profiles/h200-qwen3-4b-eagle3.json")
+    parser.add_argument("--start-table", required=True, help="JSON ranges the daemon starts from")
+    parser.add_argument("--daemon-cycle-s", type=float, default=5)
+    parser.add_argument("--daemon-s", type=float, default=110)
+    parser.add_argument("--work", default="/tmp")
+    parser.add_argument("--overhead-window-s", type=float, default=8)
+    parser.add_argument("--overhead-rounds", type=int, default=5)
+    args = parser.parse_args()
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
