@@ -42,7 +42,7 @@ def main() -> None:
             )
     profile = Profile(
         metadata=ProfileMetadata(
-            gpu="NVIDIA H200 (sample: interpolated from DESIGN.md figures, not measured)",
+            gpu="NVIDIA H200 (sample: interpolated from docs/design.md figures, not measured)",
             engine_version="0.26.0",
             model="qwen3-4b (dummy weights)",
             drafter="qwen3-4b-eagle3 (dummy weights)",
@@ -54,14 +54,14 @@ def main() -> None:
             tool_version=__version__,
             sample=True,
             notes="SAMPLE profile: written by examples/make_sample_profile.py from the step "
-            "times quoted in DESIGN.md; use a measured profile from profiles/ for decisions.",
+            "times quoted in docs/design.md; use a measured profile from profiles/ for decisions.",
         ),
         batch_grid=GRID,
         ks=tuple(ANCHORS),
         cells=tuple(cells),
         acceptance=AcceptanceProfile(
             rates=(0.75, 0.55, 0.40),
-            prompt_source="assumed: typical EAGLE-3 acceptance quoted in DESIGN.md",
+            prompt_source="assumed: typical EAGLE-3 acceptance quoted in docs/design.md",
         ),
     )
     out = Path(__file__).with_name("sample-profile.json")

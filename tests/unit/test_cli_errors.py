@@ -170,3 +170,9 @@ def test_daemon(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert message in one_line_error(capsys, ["daemon", "--once", *args])
+
+
+def test_an_empty_allowed_k_list_is_refused_not_ignored(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["solve", "--profile", SAMPLE, "--allowed-k", ""]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "allowed" in err

@@ -130,11 +130,13 @@ def test_neighbour_exploration_installs_a_policy_and_counts_its_steps() -> None:
     core = fake_core()
     controller = build_controller(core, engine_version="0.26.0")
     controller.put_table({"table": [[1, 256, 2]]}, None)
-    view = view_from_envelope(controller.put_settings({"neighbour_interval": 2}, None))
-    assert view.neighbour_interval == 2
+    settings = {"neighbour_interval": 4, "neighbour_burst": 2}
+    view = view_from_envelope(controller.put_settings(settings, None))
+    assert (view.neighbour_interval, view.neighbour_burst) == (4, 2)
     policy = core.scheduler.dynamic_sd_lookup
     assert isinstance(policy, StepPolicy)
-    assert [policy[50] for _ in range(8)] == [2, 1, 2, 3, 2, 1, 2, 3]  # allowed 0..3
+    ks = [policy[50] for _ in range(10)]  # allowed 0..3: bursts of 2 at k=1, then at k=3
+    assert ks == [2, 2, 2, 1, 1, 2, 2, 3, 3, 2]
     assert view_from_envelope(controller.get()).neighbour_steps == 4
     controller.put_settings({"neighbour_interval": 0}, None)
     assert isinstance(core.scheduler.dynamic_sd_lookup, list)

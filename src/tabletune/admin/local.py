@@ -24,11 +24,6 @@ class LocalBackend:
     def state(self) -> TableState:
         return self._state
 
-    def replace_state(self, state: TableState) -> None:
-        """Swap the whole state (an emulated engine restart)."""
-        with self._lock:
-            self._state = state
-
     def _view(self) -> TableView:
         return self._state.view(
             plugin_version=__version__,

@@ -1,4 +1,4 @@
-"""Wire models of the admin API (``/tabletune/v1``). Stable shapes; see DESIGN.md."""
+"""Wire models of the admin API (``/tabletune/v1``). Stable shapes; see docs/design.md."""
 
 from __future__ import annotations
 
@@ -66,10 +66,6 @@ class SettingsPut(BaseModel):
     neighbour_interval: int | None = Field(default=None, ge=0, le=1_000_000)
     neighbour_burst: int | None = Field(default=None, ge=1, le=1_000)
     step_timing: bool | None = None
-
-
-class ErrorBody(BaseModel):
-    detail: str
 
 
 def describe_problems(error: ValidationError) -> str:

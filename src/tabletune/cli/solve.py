@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     inputs = load_inputs(args.profile, args.acceptance, args.max_batch)
-    allowed = parse_k_list(args.allowed_k) if args.allowed_k else None
+    allowed = parse_k_list(args.allowed_k) if args.allowed_k is not None else None
     problem = table_problem(inputs, args, allowed)
     try:
         solution = solve(problem)
