@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table as RichTable
 
+from tabletune.admin.auth import OPEN_ENV, OPEN_LOOPBACK, TOKEN_ENV, TOKEN_FILE_ENV
 from tabletune.daemon import logs
 from tabletune.daemon.service import Daemon, build_daemon
 from tabletune.daemon.settings import load_settings
@@ -71,9 +73,13 @@ def emulator(
     port: int | None = None,
     log_path: Path | None = None,
     timeout_s: float = 30.0,
+    admin_token: str | None = None,
 ) -> Iterator[str]:
-    """A ``tabletune sim serve`` subprocess on a free port; yields its base URL."""
+    """A ``tabletune sim serve`` subprocess on a free port; yields its base URL. Its admin API
+    takes ``admin_token``, or without one writes from this machine (TABLETUNE_ADMIN_OPEN)."""
     port = port or _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV, OPEN_ENV)}
+    env.update({TOKEN_ENV: admin_token} if admin_token else {OPEN_ENV: OPEN_LOOPBACK})
     command = [
         sys.executable,
         "-m",
@@ -90,7 +96,7 @@ def emulator(
     if profile is not None:
         command += ["--profile", str(profile)]
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
