@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 import structlog
 
 from tabletune.daemon import logs
 from tabletune.daemon.service import build_daemon, report_json, run_forever, run_once
-from tabletune.daemon.settings import load_settings, masked
+from tabletune.daemon.settings import deprecations, load_settings, masked
 
 
 def register(subparsers: Any) -> None:
@@ -39,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     log.info(
         "effective configuration", config=masked(settings), once=args.once, dry_run=args.dry_run
     )
+    for warning in deprecations(os.environ):
+        log.warning(warning)
     daemon = build_daemon(settings, dry_run=args.dry_run)
     if args.once:
         try:

@@ -16,6 +16,7 @@ from types import FrameType
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from tabletune.admin.auth import own_token
 from tabletune.admin.client import AdminClient
 from tabletune.daemon.alerts import Alert, AlertmanagerClient, AlertSink
 from tabletune.daemon.controller import Controller, CycleReport, Source
@@ -114,7 +115,10 @@ def build_daemon(
         on_change=on_change,
     )
     admins: dict[str, AdminClient] = {}
-    token = settings.admin.token.get_secret_value() if settings.admin.token else None
+    token = own_token(
+        settings.admin.token.get_secret_value() if settings.admin.token else None,
+        settings.admin.token_file,
+    )
 
     def admin_for(url: str) -> AdminClient:
         if url not in admins:
