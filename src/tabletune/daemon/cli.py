@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 import structlog
@@ -45,9 +46,12 @@ def run(args: argparse.Namespace) -> int:
     daemon = build_daemon(settings, dry_run=args.dry_run)
     if args.once:
         try:
-            report = run_once(daemon)
+            outcome = run_once(daemon)
         finally:
             daemon.close()
-        print(report_json(report))
-        return 0 if report is not None else 1
+        print(report_json(outcome))
+        if outcome.problem is not None:
+            print(f"tabletune daemon --once: {outcome.problem}", file=sys.stderr)
+            return 1
+        return 0
     return run_forever(daemon)
