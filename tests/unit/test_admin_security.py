@@ -29,11 +29,13 @@ from tabletune.admin.auth import (
     auth_from_env,
     authorize,
     build_auth,
+    cross_origin_problem,
     is_loopback_host,
     own_token,
     token_problem,
 )
 from tabletune.admin.protocol import MAX_BODY_BYTES, MAX_WIRE_INT, SETTINGS_PATH, TABLE_PATH
+from tabletune.admin.router import one_line
 from tabletune.admin.state import AdminError, parse_if_match
 from tabletune.errors import InputError
 from tabletune.plugin import wire
@@ -495,3 +497,24 @@ def test_plugin_and_emulator_answer_alike() -> None:
         ours, theirs = plugin.request(method, path, **kwargs), sim.request(method, path, **kwargs)
         assert ours.status_code == theirs.status_code, (method, path, kwargs)
         assert ours.json() == theirs.json() or ours.status_code == 200
+
+
+def test_an_origin_is_same_only_as_an_http_url_of_a_host_that_was_sent() -> None:
+    # Found by the fuzzer: Origin "x" (no host in it) matched an empty Host header.
+    assert cross_origin_problem("PUT", "x", "") is not None
+    assert cross_origin_problem("PUT", "x", None) is not None
+    assert cross_origin_problem("PUT", "ftp://127.0.0.1:8000", "127.0.0.1:8000") is not None
+    assert cross_origin_problem("PUT", "http://[::1", "[::1") is not None
+    assert cross_origin_problem("PUT", "https://127.0.0.1:8000", "127.0.0.1:8000") is None
+    assert cross_origin_problem("PUT", None, None) is None
+
+
+def test_a_refusal_is_one_printable_line_whatever_was_sent() -> None:
+    # Found by the fuzzer: field names with newlines came back in the 422's detail.
+    assert one_line("a\nb\x82\ud800c") == "a\\nb\\x82\\ud800c"
+    assert len(one_line("x" * 10_000)) == 2003
+    app = plugin_app({TOKEN_ENV: TOKEN})
+    body = b'{"table": [[1, 256, 1]], "a\\nforged log line": 1}'
+    response = app.client().put(TABLE_PATH, content=body, headers=AUTH)
+    assert response.status_code == 422
+    assert "\n" not in response.json()["detail"] and "a\\nforged" in response.json()["detail"]

@@ -211,9 +211,15 @@ def cross_origin_problem(method: str, origin: str | None, host: str | None) -> s
     if method == "OPTIONS":
         return "CORS preflight refused: the admin API does not serve browsers"
     try:
-        same = host is not None and urlsplit(origin).netloc.lower() == host.lower()
+        parts = urlsplit(origin)
     except ValueError:
-        same = False
+        parts = None
+    same = (
+        parts is not None
+        and parts.scheme in ("http", "https")
+        and bool(host)
+        and parts.netloc.lower() == str(host).lower()
+    )
     if not same:
         return f"cross-origin request refused (Origin {origin[:100]!r}): not for browsers"
     return None

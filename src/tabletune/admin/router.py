@@ -44,13 +44,22 @@ class AdminBackend(Protocol):
 
 BackendGetter = Callable[[Request], AdminBackend | None]
 AuthGetter = Callable[[Request], AdminAuth]
+MAX_DETAIL_CHARS = 2000
+
+
+def one_line(detail: str) -> str:
+    """A reason may quote the request (a field name, a header): escape what is not printable
+    (newlines, lone surrogates), so it stays one encodable line in every log, and cut it."""
+    text = "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        for char in detail[: MAX_DETAIL_CHARS + 1]
+    )
+    return text if len(text) <= MAX_DETAIL_CHARS else text[:MAX_DETAIL_CHARS] + "..."
 
 
 def _error(status: int, detail: str) -> JSONResponse:
-    # A reason may quote the request (a field name): keep it encodable whatever was sent.
-    text = detail.encode("utf-8", "backslashreplace").decode("utf-8")
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(status_code=status, content={"detail": text}, headers=headers)
+    return JSONResponse(status_code=status, content={"detail": one_line(detail)}, headers=headers)
 
 
 def _view_response(view: TableView) -> JSONResponse:
