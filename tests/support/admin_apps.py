@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from argparse import Namespace
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +48,7 @@ TOKEN = "s3cret-0123456789abcdef"
 ADMIN_VARIABLES = (TOKEN_ENV, TOKEN_FILE_ENV, OPEN_ENV, VLLM_API_KEY_ENV)
 LOCAL = "http://127.0.0.1:8000"
 LOOPBACK_CLIENT = ("127.0.0.1", 50000)
+SERVER = ("127.0.0.1", 8000)
 REMOTE_CLIENT = ("10.1.2.3", 50000)
 MSGPACK_INT = (-(2**63), 2**64 - 1)
 
@@ -122,6 +123,59 @@ class AdminApp:
         self, *, client: tuple[str, int] = ("testclient", 50000), base_url: str = LOCAL
     ) -> TestClient:
         return TestClient(self.app, base_url=base_url, client=client)
+
+
+@dataclass
+class RawAnswer:
+    status: int
+    body: bytes
+    headers: dict[bytes, bytes]
+    pulled: int
+    """body messages the app asked for"""
+
+
+async def asgi_request(
+    app: FastAPI,
+    *,
+    method: str,
+    path: str,
+    headers: Iterable[tuple[bytes, bytes]],
+    chunks: Iterable[bytes],
+    client: tuple[str, int] = LOOPBACK_CLIENT,
+) -> RawAnswer:
+    """A request straight at the ASGI app: header bytes as given (a test client re-encodes
+    them), the body in ``chunks`` (possibly endless), as a server hands them over."""
+    body_chunks = iter(chunks)
+    pulled = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal pulled
+        pulled += 1
+        chunk = next(body_chunks, None)
+        return {"type": "http.request", "body": chunk or b"", "more_body": chunk is not None}
+
+    async def respond(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": list(headers),
+        "client": client,
+        "server": SERVER,
+    }
+    await app(scope, receive, respond)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return RawAnswer(start["status"], body, dict(start.get("headers", [])), pulled)
 
 
 @contextmanager

@@ -32,14 +32,13 @@ from hypothesis import strategies as st
 from tabletune.admin.auth import OPEN_ENV, TOKEN_ENV
 from tabletune.admin.protocol import API_PREFIX, MAX_BODY_BYTES, SETTINGS_PATH, TABLE_PATH
 from tabletune.admin.state import TableState
-from tests.support.admin_apps import APPS, MAX_NUM_SEQS, TOKEN, AdminApp, K
+from tests.support.admin_apps import APPS, MAX_NUM_SEQS, TOKEN, AdminApp, K, RawAnswer, asgi_request
 
 MODES: dict[str, dict[str, str]] = {
     "token": {TOKEN_ENV: TOKEN},
     "loopback": {OPEN_ENV: "loopback"},
     "none": {},
 }
-SERVER = ("127.0.0.1", 8000)
 CURRENT = "<current version>"  # If-Match resolved to the state's version when sent
 
 settings.register_profile(
@@ -271,44 +270,17 @@ OUTCOMES = (
 # --- sending and judging --------------------------------------------------------------------
 
 
-@dataclass
-class Answer:
-    status: int
-    body: bytes
-    headers: dict[bytes, bytes]
-
-
-async def send(app: AdminApp, request: FuzzRequest, if_match: bytes | None) -> Answer:
+async def send(app: AdminApp, request: FuzzRequest, if_match: bytes | None) -> RawAnswer:
     """The request straight at the ASGI app (raw header bytes, the body in its chunks)."""
-    chunks = iter(request.chunks)
-    sent: list[dict[str, Any]] = []
     headers = list(request.headers) + ([(b"if-match", if_match)] if if_match is not None else [])
-
-    async def receive() -> dict[str, Any]:
-        chunk = next(chunks, None)
-        return {"type": "http.request", "body": chunk or b"", "more_body": chunk is not None}
-
-    async def respond(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": request.method,
-        "scheme": "http",
-        "path": request.path,
-        "raw_path": request.path.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": headers,
-        "client": request.client,
-        "server": SERVER,
-    }
-    await app.app(scope, receive, respond)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return Answer(start["status"], body, dict(start.get("headers", [])))
+    return await asgi_request(
+        app.app,
+        method=request.method,
+        path=request.path,
+        headers=headers,
+        chunks=request.chunks,
+        client=request.client,
+    )
 
 
 def _header(request: FuzzRequest, name: bytes) -> bytes | None:
@@ -361,7 +333,7 @@ class Tally:
 def judge(
     mode: str,
     request: FuzzRequest,
-    answer: Answer,
+    answer: RawAnswer,
     before: TableState,
     after: TableState,
     lookup_kept: bool,

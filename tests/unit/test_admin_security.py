@@ -47,6 +47,8 @@ from tests.support.admin_apps import (
     START,
     TOKEN,
     AdminApp,
+    RawAnswer,
+    asgi_request,
     plugin_app,
 )
 
@@ -355,48 +357,22 @@ def test_a_chunked_body_over_the_limit_is_refused(make: App) -> None:
     assert unchanged(app)
 
 
-def raw_request(
+def raw_put(
     app: AdminApp, headers: list[tuple[bytes, bytes]], chunks: Iterator[bytes]
-) -> tuple[int, dict[str, Any], int]:
-    """A PUT straight at the ASGI app, headers as raw bytes (a test client would re-encode
-    them), the body from ``chunks``: (status, JSON body, chunks pulled)."""
-    pulled = 0
-    sent: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        nonlocal pulled
-        pulled += 1
-        chunk = next(chunks, None)
-        return {"type": "http.request", "body": chunk or b"", "more_body": chunk is not None}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "PUT",
-        "scheme": "http",
-        "path": TABLE_PATH,
-        "raw_path": TABLE_PATH.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"host", b"127.0.0.1:8000"), *headers],
-        "client": LOOPBACK_CLIENT,
-        "server": ("127.0.0.1", 8000),
-    }
-    asyncio.run(app.app(scope, receive, send))
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return sent[0]["status"], json.loads(body), pulled
+) -> RawAnswer:
+    host = (b"host", b"127.0.0.1:8000")
+    request = asgi_request(
+        app.app, method="PUT", path=TABLE_PATH, headers=[host, *headers], chunks=chunks
+    )
+    return asyncio.run(request)
 
 
 def test_the_body_stream_is_abandoned_at_the_limit(make: App) -> None:
     app = make({TOKEN_ENV: TOKEN})
     endless = itertools.repeat(b"x" * 4096)
     chunked = [(b"authorization", f"Bearer {TOKEN}".encode()), (b"transfer-encoding", b"chunked")]
-    status, _, pulled = raw_request(app, chunked, endless)
-    assert status == 413 and pulled == MAX_BODY_BYTES // 4096 + 1
+    answer = raw_put(app, chunked, endless)
+    assert answer.status == 413 and answer.pulled == MAX_BODY_BYTES // 4096 + 1
     assert unchanged(app)
 
 
@@ -405,8 +381,8 @@ def test_if_match_with_a_latin1_digit_is_a_400(make: App, value: bytes) -> None:
     # '²' as clients send it: one byte, read as Latin-1; str.isdigit takes it, int() does not.
     app = make({TOKEN_ENV: TOKEN})
     headers = [(b"authorization", f"Bearer {TOKEN}".encode()), (b"if-match", value)]
-    status, body, _ = raw_request(app, headers, iter([json.dumps(GOOD_PUT).encode()]))
-    assert status == 400 and "If-Match" in body["detail"]
+    answer = raw_put(app, headers, iter([json.dumps(GOOD_PUT).encode()]))
+    assert answer.status == 400 and "If-Match" in json.loads(answer.body)["detail"]
     assert unchanged(app)
 
 
