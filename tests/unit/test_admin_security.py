@@ -273,6 +273,7 @@ def test_rules_in_one_place() -> None:
     assert caught.value.status == 403
     authorize(open_rules, Caller(write=False, client_host="10.0.0.1"))  # reads are open
     assert auth_from_env({TOKEN_ENV: TOKEN}) == AdminAuth(tokens=(TOKEN,))
+    assert TOKEN not in repr(auth_from_env({TOKEN_ENV: TOKEN}))
     assert "CLOSED" in auth_from_env({TOKEN_ENV: "change-me"}).describe()
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -86,7 +86,7 @@ def own_token(token: str | None, token_file: str | Path | None) -> str | None:
 class AdminAuth:
     """The admin API's access rules on one server, decided once at start-up."""
 
-    tokens: tuple[str, ...] = ()
+    tokens: tuple[str, ...] = field(default=(), repr=False)  # never in a log line
     open_loopback: bool = False
     closed: str | None = None
     notes: tuple[str, ...] = ()
