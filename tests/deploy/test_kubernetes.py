@@ -274,6 +274,8 @@ def test_kustomization_files_exist_and_patches_apply(kustomization: str) -> None
         for env_file in generator.get("envs", []):
             lines = (folder / env_file).read_text().splitlines()
             assert all("=" in line for line in lines if line and not line.startswith("#"))
+        for source in generator.get("files", []):
+            assert (folder / source.split("=")[-1]).is_file(), f"{folder}: {source} is missing"
     for patch in spec.get("patches", []):
         target = patch["target"]
         document = _one(resources, target["kind"], target["name"])
