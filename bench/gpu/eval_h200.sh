@@ -113,6 +113,7 @@ SPEC=$(printf '{"method":"eagle3","model":"%s","num_speculative_tokens":3,%s,%s,
   '"rejection_sample_method":"synthetic"' "\"synthetic_acceptance_rates\":[${RATES[realistic]}]")
 export VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics,tabletune_profiler
 export VLLM_SERVER_DEV_MODE=1 VLLM_USE_V2_MODEL_RUNNER=1
+export TABLETUNE_ADMIN_OPEN=loopback  # the daemon and this script push tables from this machine
 python3 -m vllm.entrypoints.openai.api_server --model "$MODEL" --load-format dummy \
   --skip-tokenizer-init --max-num-seqs 256 --port "$PORT" --speculative-config "$SPEC" \
   > "$VLLM_LOG" 2>&1 &

@@ -68,6 +68,7 @@ ARGS=(--model "$MODELS/qwen3-4b" --served-model-name qwen3-4b --load-format dumm
 
 # vLLM in its own process group, so it is stopped by its id.
 env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics VLLM_USE_V2_MODEL_RUNNER=1 \
+  TABLETUNE_ADMIN_OPEN=loopback \
   TABLETUNE_SYNC_INTERVAL_S="$SYNC_S" setsid python3 -m "$SERVER_MODULE" "${ARGS[@]}" \
   >"$work/vllm.log" 2>&1 &
 vllm_pid=$!

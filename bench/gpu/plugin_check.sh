@@ -53,11 +53,11 @@ if [[ $mode == main ]]; then
 
   echo "== 2. start WITH the plugin (all three entry points)"
   t0=$(date +%s)
-  pid=$(start /tmp/vllm_main.log VLLM_PLUGINS=$ALL TABLETUNE_ADMIN_TOKEN=tt-secret TABLETUNE_SYNC_INTERVAL_S=1)
+  pid=$(start /tmp/vllm_main.log VLLM_PLUGINS=$ALL TABLETUNE_ADMIN_TOKEN=tt-secret-0123456789abcdef TABLETUNE_SYNC_INTERVAL_S=1)
   if python3 "$here/plugin_check.py" wait --pid "$pid" --timeout 300; then
     startup=$(( $(date +%s) - t0 ))
     echo "ready after ${startup}s"
-    TABLETUNE_SYNC_INTERVAL_S=1 python3 "$here/plugin_check.py" main --token tt-secret --label A \
+    TABLETUNE_SYNC_INTERVAL_S=1 python3 "$here/plugin_check.py" main --token tt-secret-0123456789abcdef --label A \
       --config "{\"config\":$CONFIG,\"startup_s\":$startup,\"nofix_zero_division_lines\":$crashed,\"nofix_ready\":$((1 - ready)),\"plugins\":\"$ALL\"}" \
       --out "$OUT/plugin_check.json"
     echo "main check exit: $?"

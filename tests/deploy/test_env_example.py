@@ -31,7 +31,7 @@ def _known_variables() -> set[str]:
     known = set()
     for group, field in settings.DaemonSettings.model_fields.items():
         for name in field.annotation.model_fields:
-            known.add(f"{settings.ENV_PREFIX}{group.upper()}{settings.NESTED}{name.upper()}")
+            known.add(settings.env_var(group, name))
     return known
 
 

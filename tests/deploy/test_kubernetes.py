@@ -16,6 +16,7 @@ the rules file's, the overlay makes a pool.
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 import subprocess
@@ -29,7 +30,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tabletune.admin.auth import TOKEN_FILE_ENV, auth_from_env, own_token
 from tabletune.daemon import settings
+from tabletune.errors import InputError
 from tabletune.schemas.table import normalize_ranges
 
 from .conftest import DEPLOY, explain, run_tool
@@ -127,15 +130,36 @@ def test_daemon_probes_its_health_endpoint_on_the_configured_port(
     assert container["command"] == ["tabletune", "daemon"]
 
 
+def _token_mount(container: Resource, volumes: list[Resource]) -> tuple[str, str]:
+    """(mount path, Secret name) of the container's admin token volume."""
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "admin-token"]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in volumes if v["name"] == "admin-token"]
+    return mount["mountPath"], volume["secret"]["secretName"]
+
+
 def test_daemon_config_is_accepted_by_the_daemons_settings(tool: Callable[[str], str]) -> None:
     for kustomization in ("base", "overlays/pool"):
         resources = _render(tool, kustomization)
         secret = _one(resources, "Secret")
-        assert set(secret["data"]) == {"TABLETUNE_ADMIN__TOKEN"}
-        env = {**_env_of(resources), "TABLETUNE_ADMIN__TOKEN": "x"}
-        loaded = settings.load_settings(env)
+        assert set(secret["data"]) == {"admin-token"}
+        loaded = settings.load_settings(_env_of(resources))
         assert loaded.server.port == 9465
         assert str(loaded.state.dir) == "/var/lib/tabletune"
+        pod = _one(resources, "Deployment", "tabletune-daemon")["spec"]["template"]["spec"]
+        path, secret_name = _token_mount(pod["containers"][0], pod["volumes"])
+        assert loaded.admin.token_file == Path(path) / "admin-token"
+        assert secret_name == secret["metadata"]["name"]
+        assert "secretRef" not in str(pod["containers"][0]["envFrom"])  # a file, not a variable
+
+
+def test_the_example_token_cannot_be_used_as_is(tool: Callable[[str], str]) -> None:
+    secret = _one(_render(tool, "base"), "Secret")
+    shipped = base64.b64decode(secret["data"]["admin-token"]).decode()
+    assert shipped == (KUBERNETES / "base" / "admin-token").read_text()
+    with pytest.raises(InputError, match="placeholder"):
+        own_token(None, KUBERNETES / "base" / "admin-token")
+    assert auth_from_env({TOKEN_FILE_ENV: str(KUBERNETES / "base" / "admin-token")}).closed
 
 
 def test_generated_names_resolve(tool: Callable[[str], str]) -> None:
@@ -149,12 +173,13 @@ def test_generated_names_resolve(tool: Callable[[str], str]) -> None:
             else:
                 assert ("Secret", source["secretRef"]["name"]) in names
     pool = _render(tool, "overlays/pool")
-    vllm = _one(pool, "Deployment", "vllm-decode")["spec"]["template"]["spec"]["containers"][0]
-    token = next(e for e in vllm["env"] if e["name"] == "TABLETUNE_ADMIN_TOKEN")
-    ref = token["valueFrom"]["secretKeyRef"]
+    vllm = _one(pool, "Deployment", "vllm-decode")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in vllm["containers"][0]["env"]}
+    path, secret_name = _token_mount(vllm["containers"][0], vllm["volumes"])
     secret = _one(pool, "Secret")
-    assert ref["name"] == secret["metadata"]["name"]
-    assert ref["key"] in secret["data"]
+    assert secret_name == secret["metadata"]["name"]
+    assert env[TOKEN_FILE_ENV] == f"{path}/admin-token"
+    assert env[TOKEN_FILE_ENV] == _env_of(pool)[TOKEN_FILE_ENV]  # the daemon's token
 
 
 def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -249,6 +274,8 @@ def test_kustomization_files_exist_and_patches_apply(kustomization: str) -> None
         for env_file in generator.get("envs", []):
             lines = (folder / env_file).read_text().splitlines()
             assert all("=" in line for line in lines if line and not line.startswith("#"))
+        for source in generator.get("files", []):
+            assert (folder / source.split("=")[-1]).is_file(), f"{folder}: {source} is missing"
     for patch in spec.get("patches", []):
         target = patch["target"]
         document = _one(resources, target["kind"], target["name"])

@@ -21,6 +21,7 @@ from tests.support.servers import free_port, poll_until
 
 pytestmark = pytest.mark.integration
 PROFILE = Path(__file__).resolve().parents[2] / "examples" / "sample-profile.json"
+TOKEN = "not-in-the-logs-0123456789"
 
 
 def test_systemd_style_run_and_clean_sigterm(tmp_path: Path) -> None:
@@ -29,7 +30,7 @@ def test_systemd_style_run_and_clean_sigterm(tmp_path: Path) -> None:
     listener.bind(str(notify_path))
     listener.settimeout(0.2)
     port = free_port()
-    with emulator(scenario="repair", profile=PROFILE, speed=20.0) as sim:
+    with emulator(scenario="repair", profile=PROFILE, speed=20.0, admin_token=TOKEN) as sim:
         env = {
             **os.environ,
             "NOTIFY_SOCKET": str(notify_path),
@@ -40,7 +41,7 @@ def test_systemd_style_run_and_clean_sigterm(tmp_path: Path) -> None:
             "TABLETUNE_LOOP__INTERVAL_S": "0.5",
             "TABLETUNE_SERVER__HOST": "127.0.0.1",
             "TABLETUNE_SERVER__PORT": str(port),
-            "TABLETUNE_ADMIN__TOKEN": "not-in-the-logs",
+            "TABLETUNE_ADMIN_TOKEN": TOKEN,
         }
         log_path = tmp_path / "daemon.log"
         with log_path.open("wb") as log:
@@ -85,4 +86,4 @@ def test_systemd_style_run_and_clean_sigterm(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     events = [line["event"] for line in lines]
     assert "effective configuration" in events and "daemon stopped; state saved" in events
-    assert "not-in-the-logs" not in log_path.read_text()
+    assert TOKEN not in log_path.read_text()

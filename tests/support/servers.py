@@ -28,6 +28,7 @@ import httpx
 import pytest
 import yaml
 
+from tabletune.admin.auth import OPEN_ENV, OPEN_LOOPBACK
 from tabletune.metric_names import VLLM_NAME_RELABEL
 
 REQUIRE_ENV = "TABLETUNE_REQUIRE_SERVERS"
@@ -497,6 +498,7 @@ def sim_server(
         command,
         ready_url=f"http://127.0.0.1:{ports[-1]}/health",
         log_path=log_path,
+        env={OPEN_ENV: OPEN_LOOPBACK},  # the tests' own clients write from this machine
         timeout_s=timeout_s,
     ) as process:
         yield SimServer(ports=ports, log_path=log_path, process=process)

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from tabletune.admin.auth import AdminAuth
 from tabletune.admin.local import LocalBackend
 from tabletune.admin.protocol import (
     MAX_BODY_BYTES,
@@ -17,20 +18,24 @@ from tabletune.admin.protocol import (
     SettingsPut,
     TablePut,
 )
-from tabletune.admin.router import build_router
+from tabletune.admin.router import install_admin_api
 from tabletune.admin.state import AdminError, TableState, parse_if_match
 
 START = [[1, 1, 3], [2, 2, 2], [3, 3, 1], [4, 256, 0]]
+TOKEN = "0123456789abcdef-test"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def make_client(
-    ranges: list[list[int]] | None = START, token: str | None = None
+    ranges: list[list[int]] | None = START, auth: AdminAuth | None = None
 ) -> tuple[TestClient, LocalBackend]:
+    """An app whose admin API wants ``TOKEN`` (sent by the client) unless ``auth`` says else."""
     state = TableState.initial(ranges, num_speculative_tokens=3, max_num_seqs=256)
     backend = LocalBackend(state, engine_version="0.26.0", model_name="m")
     app = FastAPI()
-    app.include_router(build_router(lambda request: backend, token=token))
-    return TestClient(app), backend
+    rules = AdminAuth(tokens=(TOKEN,)) if auth is None else auth
+    install_admin_api(app, lambda request: backend, lambda request: rules)
+    return TestClient(app, headers=AUTH if auth is None else None), backend
 
 
 def test_initial_state_allows_exactly_the_starting_lengths() -> None:
@@ -115,19 +120,20 @@ def test_static_engine_says_so_and_refuses_tables() -> None:
 
 
 def test_token_auth() -> None:
-    client, backend = make_client(token="s3cret")
+    client, backend = make_client(auth=AdminAuth(tokens=(TOKEN,)))
     assert client.get(TABLE_PATH).status_code == 401
     assert client.get(TABLE_PATH, headers={"Authorization": "Bearer wrong"}).status_code == 401
     refused = client.put(TABLE_PATH, json={"table": [[1, 256, 1]]})
     assert refused.status_code == 401 and backend.state.version == 0
-    ok = client.get(TABLE_PATH, headers={"Authorization": "Bearer s3cret"})
+    assert refused.headers["www-authenticate"] == "Bearer"
+    ok = client.get(TABLE_PATH, headers=AUTH)
     assert ok.status_code == 200
 
 
 def test_no_engine_is_503() -> None:
     app = FastAPI()
-    app.include_router(build_router(lambda request: None, token=None))
-    assert TestClient(app).get(TABLE_PATH).status_code == 503
+    install_admin_api(app, lambda request: None, lambda request: AdminAuth(tokens=(TOKEN,)))
+    assert TestClient(app).get(TABLE_PATH, headers=AUTH).status_code == 503
 
 
 def test_settings_round_trip_and_validation() -> None:

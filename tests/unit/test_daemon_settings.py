@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tabletune.daemon.settings import DaemonSettings, load_settings, masked, render_env_example
+from tabletune.daemon.settings import (
+    DaemonSettings,
+    deprecations,
+    env_var,
+    load_settings,
+    masked,
+    render_env_example,
+)
 from tabletune.errors import InputError
 
 DEFAULTS = {
@@ -53,6 +60,7 @@ DEFAULTS = {
     },
     "admin": {
         "token": None,
+        "token_file": None,
         "timeout_s": 5.0,
         "refresh_s": 300.0,
         "retry_backoffs_s": (1.0, 1.0, 2.0, 3.0, 5.0),
@@ -74,7 +82,7 @@ DEFAULTS = {
         "event_ttl_s": 900.0,
         "timeout_s": 5.0,
     },
-    "server": {"host": "0.0.0.0", "port": 9465},
+    "server": {"host": "127.0.0.1", "port": 9465},
     "state": {"dir": Path("/var/lib/tabletune")},
     "log": {"level": "info", "format": "json"},
 }
@@ -92,7 +100,7 @@ def test_every_field_is_documented_and_in_the_env_example() -> None:
         assert isinstance(model, type)
         for name, sub in model.model_fields.items():  # type: ignore[attr-defined]
             assert sub.description, f"{group}.{name} has no description"
-            assert f"#TABLETUNE_{group.upper()}__{name.upper()}=" in example
+            assert f"#{env_var(group, name)}=" in example
 
 
 def test_env_example_shows_defaults() -> None:
@@ -156,7 +164,7 @@ def test_bad_env_at_start_is_one_clear_line_and_exit_2(tmp_path: Path) -> None:
 def test_secrets_are_masked() -> None:
     settings = load_settings(
         {
-            "TABLETUNE_ADMIN__TOKEN": "hunter2",
+            "TABLETUNE_ADMIN_TOKEN": "hunter2",
             "TABLETUNE_ALERTS__PASSWORD": "s3cret",
             "TABLETUNE_ALERTS__BEARER_TOKEN": "tok",
             "TABLETUNE_ALERTS__USERNAME": "ops",
@@ -168,3 +176,38 @@ def test_secrets_are_masked() -> None:
     assert shown["admin"]["token"] == "***"
     assert shown["alerts"]["username"] == "ops"
     assert settings.admin.token is not None and settings.admin.token.get_secret_value() == "hunter2"
+
+
+def test_the_admin_token_has_the_plugins_variable_names() -> None:
+    assert env_var("admin", "token") == "TABLETUNE_ADMIN_TOKEN"
+    assert env_var("admin", "token_file") == "TABLETUNE_ADMIN_TOKEN_FILE"
+    assert env_var("admin", "timeout_s") == "TABLETUNE_ADMIN__TIMEOUT_S"
+    loaded = load_settings(
+        {"TABLETUNE_ADMIN_TOKEN": "new-0123456789abcdef", "TABLETUNE_ADMIN__TIMEOUT_S": "3"}
+    )
+    assert loaded.admin.token is not None
+    assert loaded.admin.token.get_secret_value() == "new-0123456789abcdef"
+    assert loaded.admin.timeout_s == 3.0
+    assert load_settings({"TABLETUNE_ADMIN_TOKEN_FILE": "/run/t"}).admin.token_file == Path(
+        "/run/t"
+    )
+
+
+def test_the_real_environment_reads_the_shared_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TABLETUNE_ADMIN_TOKEN", "env-0123456789abcdef")
+    monkeypatch.setenv("TABLETUNE_ADMIN__TOKEN", "old-0123456789abcdef")
+    token = load_settings().admin.token
+    assert token is not None and token.get_secret_value() == "env-0123456789abcdef"
+
+
+def test_the_old_token_name_still_works_with_a_warning() -> None:
+    old = {"TABLETUNE_ADMIN__TOKEN": "old-0123456789abcdef"}
+    token = load_settings(old).admin.token
+    assert token is not None and token.get_secret_value() == "old-0123456789abcdef"
+    [warning] = deprecations(old)
+    assert "TABLETUNE_ADMIN__TOKEN is deprecated, use TABLETUNE_ADMIN_TOKEN" in warning
+    both = {**old, "TABLETUNE_ADMIN_TOKEN": "new-0123456789abcdef"}
+    token = load_settings(both).admin.token
+    assert token is not None and token.get_secret_value() == "new-0123456789abcdef"
+    assert "ignored" in deprecations(both)[0]
+    assert deprecations({"TABLETUNE_ADMIN_TOKEN": "x"}) == []

@@ -13,19 +13,20 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from tabletune.admin.auth import OPEN_ENV, TOKEN_ENV, TOKEN_FILE_ENV, VLLM_API_KEY_ENV
 from tabletune.admin.protocol import MAX_BODY_BYTES, SETTINGS_PATH, TABLE_PATH
 from tabletune.admin.state import AdminError
 from tabletune.plugin import http as http_module
 from tabletune.plugin import wire
 from tabletune.plugin.engine import build_controller, step_timer_of
 from tabletune.plugin.engine_backend import EngineUtilityBackend, sync_views
-from tabletune.plugin.http import TOKEN_ENV, TableTuneEndpoint
+from tabletune.plugin.http import TableTuneEndpoint
 from tabletune.plugin.metrics_core import TableTuneMetrics
 from tabletune.step_cells import CellTotals, cells_to_wire
 
 from .test_plugin_controller import START, fake_core
 
-TOKEN = "s3cret"
+TOKEN = "s3cret-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -63,6 +64,8 @@ def make_app(
         monkeypatch.setenv(TOKEN_ENV, token)
     else:
         monkeypatch.delenv(TOKEN_ENV, raising=False)
+    for other in (TOKEN_FILE_ENV, OPEN_ENV, VLLM_API_KEY_ENV):
+        monkeypatch.delenv(other, raising=False)
     monkeypatch.setenv("TABLETUNE_SYNC_INTERVAL_S", "0")
     registry = CollectorRegistry()
     plugin = TableTuneEndpoint(metrics=TableTuneMetrics(registry))
@@ -175,9 +178,13 @@ def test_engine_without_the_engine_plugin_is_503_with_a_hint(
     assert response.status_code == 503 and "tabletune_engine" in response.json()["detail"]
 
 
-def test_no_token_configured_means_open(monkeypatch: pytest.MonkeyPatch) -> None:
-    client, _ = make_app(monkeypatch, FakeEngineClient(), token=None)
+def test_no_token_configured_means_reads_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = FakeEngineClient()
+    client, _ = make_app(monkeypatch, engine, token=None)
     assert client.get(TABLE_PATH).status_code == 200
+    refused = client.put(TABLE_PATH, json={"table": [[1, 256, 1]]})
+    assert refused.status_code == 403 and TOKEN_ENV in refused.json()["detail"]
+    assert [name for name, _ in engine.calls] == [wire.GET_TABLE]
 
 
 def test_malformed_engine_answer_is_a_502() -> None:

@@ -2,7 +2,7 @@
 
 It behaves like the real server from the outside: ``/v1/completions`` (a list of prompts runs as
 that many concurrent requests), ``/metrics`` with vLLM's spec-decode counters, the admin API
-(the shared ``build_router`` over a ``LocalBackend``), ``/collective_rpc`` for the hook, and
+(the shared ``install_admin_api`` over a ``LocalBackend``), ``/collective_rpc`` for the hook, and
 ``/health``. Time is virtual: each completion advances a ``VirtualClock`` by what the request
 would take (prefill + steps x T(B, k)), so the tests know the exact step time to expect.
 
@@ -27,8 +27,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from tabletune.admin.auth import AdminAuth
 from tabletune.admin.local import LocalBackend
-from tabletune.admin.router import build_router
+from tabletune.admin.router import install_admin_api
 from tabletune.admin.state import TableState
 from tabletune.profiler.hook_protocol import HOOK_METHOD, SamplerMode
 from tests.support.servers import free_port
@@ -213,7 +214,10 @@ class FakeEngine:
 
         if self.config.plugin and self.backend is not None:
             backend = self.backend
-            app.include_router(build_router(lambda _request: backend, token=None))
+            # vLLM as the profiler launches it: writes from this machine (TABLETUNE_ADMIN_OPEN).
+            install_admin_api(
+                app, lambda _request: backend, lambda _request: AdminAuth(open_loopback=True)
+            )
         return app
 
     @contextmanager

@@ -13,10 +13,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tabletune import metric_names as names
+from tabletune.admin.auth import OPEN_ENV, OPEN_LOOPBACK, AdminAuth
 from tabletune.plugin.metrics_core import TableTuneMetrics
 from tabletune.plugin.wire import StepCellsRead
 from tabletune.schemas import Profile, load_profile
 from tabletune.sim.app import ReplicaSet, build_app
+from tabletune.sim.cli import admin_auth
 from tabletune.sim.metrics import render
 from tabletune.sim.processes import LoadOverride
 from tabletune.sim.replica import Replica, SimClock
@@ -26,6 +28,7 @@ from tabletune.step_cells import CellTotals
 
 REPO = Path(__file__).resolve().parents[2]
 RATES = [0.8, 0.6, 0.4]
+LOCAL = "http://127.0.0.1:8000"
 
 
 class FakeWall:
@@ -68,10 +71,10 @@ class Harness:
         clock = SimClock(speed=speed, start_wall=self.wall.now, wall=self.wall)
         self.scenario = scenario(**overrides)
         self.replica = Replica(self.scenario, profile, base_dir=REPO, clock=clock, sleep=sleep)
-        app = build_app(
-            ReplicaSet({8000: self.replica}), admin_token=self.scenario.engine.admin_token
-        )
-        self.client = TestClient(app)
+        auth = admin_auth(self.scenario, {OPEN_ENV: OPEN_LOOPBACK})
+        app = build_app(ReplicaSet({8000: self.replica}), auth=auth)
+        # A loopback client, as the daemon next to the emulator in the demo and the tests.
+        self.client = TestClient(app, base_url=LOCAL, client=("127.0.0.1", 50000))
 
     def tick(self, wall_s: float) -> None:
         self.wall.now += wall_s
@@ -232,10 +235,10 @@ def test_admin_validation_is_the_plugins(harness: Harness) -> None:
 
 
 def test_admin_token(profile: Profile) -> None:
-    h = Harness(profile, engine={"admin_token": "s3cret"})
+    h = Harness(profile, engine={"admin_token": "s3cret-0123456789abcdef"})
     assert h.client.get("/tabletune/v1/table").status_code == 401
-    ok = h.client.get("/tabletune/v1/table", headers={"Authorization": "Bearer s3cret"})
-    assert ok.status_code == 200
+    bearer = {"Authorization": "Bearer s3cret-0123456789abcdef"}
+    assert h.client.get("/tabletune/v1/table", headers=bearer).status_code == 200
 
 
 def test_manual_faults(harness: Harness) -> None:
@@ -327,7 +330,8 @@ def test_replicas_answer_on_their_own_port(profile: Profile) -> None:
     wall = FakeWall()
     ports = parse_ports(None, "9001-9003")
     replicas = build_replicas(scenario(), profile, base_dir=REPO, ports=ports, speed=1.0, wall=wall)
-    client = TestClient(build_app(replicas))
+    app = build_app(replicas, auth=AdminAuth(open_loopback=True))
+    client = TestClient(app, client=("127.0.0.1", 50000))
     client.put("http://127.0.0.1:9002/tabletune/v1/table", json={"table": [[1, 256, 0]]})
     versions = [
         client.get(f"http://127.0.0.1:{p}/tabletune/v1/table").json()["version"] for p in ports

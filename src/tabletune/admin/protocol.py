@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 API_PREFIX = "/tabletune/v1"
 TABLE_PATH = f"{API_PREFIX}/table"
 SETTINGS_PATH = f"{API_PREFIX}/settings"
 MAX_BODY_BYTES = 64 * 1024
+# Bounds of every integer a request may carry. The plugin hands the body to the engine process
+# as msgpack, which cannot encode integers beyond 64 bits; and no batch size or k comes near
+# 2^31. The table's own rules (positive bounds, k <= K) are the engine's to check.
+MAX_WIRE_INT = 2**31 - 1
+WireInt = Annotated[int, Field(ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)]
 
 
 class TableView(BaseModel):
@@ -49,7 +56,7 @@ class TablePut(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    table: list[list[int]] = Field(description="[[start, end, k], ...] as vLLM takes it")
+    table: list[list[WireInt]] = Field(description="[[start, end, k], ...] as vLLM takes it")
     allow_uncaptured: bool = Field(
         default=False,
         description="allow k outside the starting table (no captured CUDA graph: slow)",

@@ -1,21 +1,26 @@
 """HTTP routes of the admin API, shared by the vLLM endpoint plugin and the emulator.
 
-``build_router`` only registers routes; the engine behind them is a ``AdminBackend`` found per
-request (None -> 503). Every refusal leaves the table as it was.
+``install_admin_api`` registers the routes and puts ``CrossOriginGuard`` outside every other
+middleware of the app. The engine behind the routes is an ``AdminBackend`` found per request
+(None -> 503), the access rules an ``AdminAuth`` (see ``tabletune.admin.auth``). Every refusal
+is a 4xx with a one-line reason and leaves the table as it was.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tabletune.admin.auth import AdminAuth, Caller, authorize, cross_origin_problem
 from tabletune.admin.protocol import (
+    API_PREFIX,
     MAX_BODY_BYTES,
     SETTINGS_PATH,
     TABLE_PATH,
@@ -38,54 +43,85 @@ class AdminBackend(Protocol):
 
 
 BackendGetter = Callable[[Request], AdminBackend | None]
+AuthGetter = Callable[[Request], AdminAuth]
+MAX_DETAIL_CHARS = 2000
+
+
+def one_line(detail: str) -> str:
+    """A reason may quote the request (a field name, a header): escape what is not printable
+    (newlines, lone surrogates), so it stays one encodable line in every log, and cut it."""
+    text = "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        for char in detail[: MAX_DETAIL_CHARS + 1]
+    )
+    return text if len(text) <= MAX_DETAIL_CHARS else text[:MAX_DETAIL_CHARS] + "..."
 
 
 def _error(status: int, detail: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"detail": detail})
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(status_code=status, content={"detail": one_line(detail)}, headers=headers)
 
 
 def _view_response(view: TableView) -> JSONResponse:
     return JSONResponse(content=view.model_dump(), headers={"ETag": f'"{view.version}"'})
 
 
-async def _parse_body(request: Request, model: type[BaseModel]) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise AdminError(413, f"body larger than {MAX_BODY_BYTES} bytes")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise AdminError(413, f"body larger than {MAX_BODY_BYTES} bytes")
+async def _read_body(request: Request) -> bytes:
+    """The body, read as a stream and abandoned at the limit (a chunked body has no length)."""
+    too_large = AdminError(413, f"body larger than {MAX_BODY_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared[:20]) > MAX_BODY_BYTES:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise too_large
+    return bytes(body)
+
+
+def _parse_json(raw: bytes) -> object:
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return json.loads(raw)
+    except RecursionError:
+        raise AdminError(400, "body is not valid JSON: nested too deeply") from None
+    except UnicodeDecodeError:
+        raise AdminError(400, "body is not valid JSON: not UTF-8") from None
+    except json.JSONDecodeError as error:
         raise AdminError(400, f"body is not valid JSON: {error}") from None
+    except ValueError:  # Python's limit on digits in an int (sys.get_int_max_str_digits)
+        raise AdminError(400, "body is not valid JSON: a number has too many digits") from None
+
+
+async def _parse_body(request: Request, model: type[BaseModel]) -> Any:
+    data = _parse_json(await _read_body(request))
     if not isinstance(data, dict):
         raise AdminError(422, "body must be a JSON object")
     try:
         return model.model_validate(data)
+    except RecursionError:
+        raise AdminError(422, "body is nested too deeply") from None
     except ValidationError as error:
         raise AdminError(422, describe_problems(error)) from None
 
 
-def check_token(request: Request, token: str | None) -> None:
-    """Bearer token auth when a token is configured (constant-time compare)."""
-    if not token:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        given.strip().encode(), token.encode()
-    ):
-        raise AdminError(401, "missing or wrong admin token (Authorization: Bearer <token>)")
+def _caller(request: Request, *, write: bool) -> Caller:
+    return Caller(
+        write=write,
+        authorization=request.headers.get("authorization"),
+        client_host=request.client.host if request.client else None,
+        host=request.headers.get("host"),
+    )
 
 
-def build_router(get_backend: BackendGetter, *, token: str | None) -> APIRouter:
-    """Routes for GET/PUT table and settings; ``token`` enables auth on every route."""
+def _router(get_backend: BackendGetter, get_auth: AuthGetter) -> APIRouter:
     router = APIRouter()
 
-    async def guarded(request: Request, action: Callable[[AdminBackend], Any]) -> JSONResponse:
+    async def guarded(
+        request: Request, *, write: bool, action: Callable[[AdminBackend], Awaitable[TableView]]
+    ) -> JSONResponse:
         try:
-            check_token(request, token)
+            authorize(get_auth(request), _caller(request, write=write))
             backend = get_backend(request)
             if backend is None:
                 return _error(503, "no engine attached")
@@ -96,11 +132,11 @@ def build_router(get_backend: BackendGetter, *, token: str | None) -> APIRouter:
 
     @router.get(TABLE_PATH)
     async def get_table(request: Request) -> JSONResponse:
-        return await guarded(request, lambda backend: backend.get_view())
+        return await guarded(request, write=False, action=lambda backend: backend.get_view())
 
     @router.get(SETTINGS_PATH)
     async def get_settings(request: Request) -> JSONResponse:
-        return await guarded(request, lambda backend: backend.get_view())
+        return await guarded(request, write=False, action=lambda backend: backend.get_view())
 
     @router.put(TABLE_PATH)
     async def put_table(request: Request) -> JSONResponse:
@@ -109,7 +145,7 @@ def build_router(get_backend: BackendGetter, *, token: str | None) -> APIRouter:
             body = await _parse_body(request, TablePut)
             return await backend.put_table(body, if_match)
 
-        return await guarded(request, act)
+        return await guarded(request, write=True, action=act)
 
     @router.put(SETTINGS_PATH)
     async def put_settings(request: Request) -> JSONResponse:
@@ -118,6 +154,42 @@ def build_router(get_backend: BackendGetter, *, token: str | None) -> APIRouter:
             body = await _parse_body(request, SettingsPut)
             return await backend.put_settings(body, if_match)
 
-        return await guarded(request, act)
+        return await guarded(request, write=True, action=act)
 
     return router
+
+
+class CrossOriginGuard:
+    """ASGI layer answering 403 to a browser's cross-origin request or CORS preflight to the
+    admin API, outside vLLM's CORSMiddleware (``allow_origins=["*"]`` by default), so neither
+    reaches a route nor gets an ``Access-Control-Allow-*`` header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = str(scope["path"]).removeprefix(str(scope.get("root_path", "")))
+            if path.startswith(API_PREFIX):
+                headers = Headers(scope=scope)
+                problem = cross_origin_problem(
+                    str(scope["method"]), headers.get("origin"), headers.get("host")
+                )
+                if problem is not None:
+                    await _error(403, problem)(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def install_admin_api(app: FastAPI, get_backend: BackendGetter, get_auth: AuthGetter) -> None:
+    """GET/PUT table and settings on ``app``, with ``CrossOriginGuard`` as its outermost layer.
+
+    Middleware added later (vLLM adds CORS after attaching endpoint plugins) would wrap an
+    ordinary middleware, so the guard wraps the stack the app builds at its first request."""
+    app.include_router(_router(get_backend, get_auth))
+    build_stack = app.build_middleware_stack
+
+    def guarded_stack() -> ASGIApp:
+        return CrossOriginGuard(build_stack())
+
+    app.build_middleware_stack = guarded_stack  # type: ignore[method-assign]

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, replace
 from tabletune.admin.protocol import SettingsPut, TablePut, TableView
 from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
 
+# Versions count accepted changes; 18 digits stay below 2^63 (msgpack to the engine process).
+MAX_VERSION_DIGITS = 18
+
 
 class AdminError(Exception):
     """A refused admin request: HTTP status and a reason for the caller."""
@@ -31,8 +34,11 @@ def parse_if_match(header: str | None) -> int | None:
     if value.startswith("W/"):
         value = value[2:]
     value = value.strip('"')
-    if not value.isdigit():
-        raise AdminError(400, f"If-Match must be a table version number, got {header!r}")
+    # ASCII digits only: str.isdigit also takes '²' and other digits int() refuses.
+    if not (value.isascii() and value.isdigit()):
+        raise AdminError(400, f"If-Match must be a table version number, got {header[:100]!r}")
+    if len(value) > MAX_VERSION_DIGITS:
+        raise AdminError(400, f"If-Match: a version has at most {MAX_VERSION_DIGITS} digits")
     return int(value)
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 
 import structlog
 
 from tabletune.daemon import logs
 from tabletune.daemon.service import build_daemon, report_json, run_forever, run_once
-from tabletune.daemon.settings import load_settings, masked
+from tabletune.daemon.settings import deprecations, load_settings, masked
 
 
 def register(subparsers: Any) -> None:
@@ -34,12 +36,17 @@ def run(args: argparse.Namespace) -> int:
     log.info(
         "effective configuration", config=masked(settings), once=args.once, dry_run=args.dry_run
     )
+    for warning in deprecations(os.environ):
+        log.warning(warning)
     daemon = build_daemon(settings, dry_run=args.dry_run)
     if args.once:
         try:
-            report = run_once(daemon)
+            outcome = run_once(daemon)
         finally:
             daemon.close()
-        print(report_json(report))
-        return 0 if report is not None else 1
+        print(report_json(outcome))
+        if outcome.problem is not None:
+            print(f"tabletune daemon --once: {outcome.problem}", file=sys.stderr)
+            return 1
+        return 0
     return run_forever(daemon)

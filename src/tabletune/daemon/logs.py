@@ -1,5 +1,7 @@
 """structlog set-up: one JSON object per line on stderr (journald and k8s keep it), tracebacks
-as structured fields; ``console`` for people at a terminal."""
+as structured fields; ``console`` for people at a terminal. Libraries that log through the
+standard library (APScheduler: missed runs, a job's exception) come out in the same format on
+the same stream."""
 
 from __future__ import annotations
 
@@ -17,23 +19,42 @@ LEVELS = {
 }
 
 
+class _LibraryHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The root logger's handler installed by ``configure`` (replaced when it runs again)."""
+
+
 def configure(*, level: str = "info", fmt: str = "json", stream: Any = None) -> None:
+    stream = stream or sys.stderr
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )
-    processors: list[Any] = [
-        structlog.contextvars.merge_contextvars,
+    stamp: list[Any] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    if fmt == "json":
-        processors.append(structlog.processors.dict_tracebacks)
-    processors.append(renderer)
+    tracebacks: list[Any] = [structlog.processors.dict_tracebacks] if fmt == "json" else []
     structlog.configure(
-        processors=processors,
+        processors=[structlog.contextvars.merge_contextvars, *stamp, *tracebacks, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+    handler = _LibraryHandler(stream)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                *tracebacks,
+                renderer,
+            ],
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *stamp],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _LibraryHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    # Libraries' INFO is per-request chatter (httpx logs every scrape): warnings and up only.
+    root.setLevel(max(LEVELS[level], logging.WARNING))

@@ -15,6 +15,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from tabletune.errors import InputError
 from tabletune.schemas.table import Range
 from tabletune.step_cells import cell_label
 
@@ -143,7 +144,13 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 return  # probes every few seconds would flood the logs
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as error:  # a busy port or a wrong address: the configuration's fault
+            raise InputError(
+                f"cannot serve /metrics on {host}:{port}: {error.strerror or error} "
+                "(TABLETUNE_SERVER__HOST, TABLETUNE_SERVER__PORT)"
+            ) from None
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 

@@ -16,11 +16,12 @@ from types import FrameType
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from tabletune.admin.auth import own_token
 from tabletune.admin.client import AdminClient
 from tabletune.daemon.alerts import Alert, AlertmanagerClient, AlertSink
 from tabletune.daemon.controller import Controller, CycleReport, Source
 from tabletune.daemon.direct_source import DirectSource
-from tabletune.daemon.metrics import DaemonMetrics, MetricsServer
+from tabletune.daemon.metrics import PREFIX, DaemonMetrics, MetricsServer
 from tabletune.daemon.profiles import load_pools
 from tabletune.daemon.prometheus_source import PrometheusSource
 from tabletune.daemon.sdnotify import Notifier
@@ -114,7 +115,10 @@ def build_daemon(
         on_change=on_change,
     )
     admins: dict[str, AdminClient] = {}
-    token = settings.admin.token.get_secret_value() if settings.admin.token else None
+    token = own_token(
+        settings.admin.token.get_secret_value() if settings.admin.token else None,
+        settings.admin.token_file,
+    )
 
     def admin_for(url: str) -> AdminClient:
         if url not in admins:
@@ -142,12 +146,33 @@ def build_daemon(
     return Daemon(settings=settings, controller=controller, metrics=metrics, closers=closers)
 
 
-def report_json(report: CycleReport | None) -> str:
+@dataclass(frozen=True)
+class OnceOutcome:
+    """What ``--once`` did; ``problem`` says why it did not do its job (exit 1)."""
+
+    report: CycleReport | None
+    problem: str | None
+
+
+def once_problem(report: CycleReport | None, *, saved: bool) -> str | None:
     if report is None:
-        return json.dumps({"ok": False})
+        return "the cycle failed (its traceback is in the log)"
+    if not report.observed:
+        why = report.outage or "; ".join(f"{r}: {p}" for r, p in report.problems.items())
+        return f"no replica observed ({why or 'none found'})"
+    if not saved:
+        return "the state could not be saved (see the log)"
+    return None
+
+
+def report_json(outcome: OnceOutcome) -> str:
+    report = outcome.report
+    if report is None:
+        return json.dumps({"ok": False, "problem": outcome.problem})
     return json.dumps(
         {
-            "ok": True,
+            "ok": outcome.problem is None,
+            "problem": outcome.problem,
             "observed": report.observed,
             "problems": report.problems,
             "outage": report.outage,
@@ -169,15 +194,22 @@ def report_json(report: CycleReport | None) -> str:
     )
 
 
-def run_once(daemon: Daemon, *, sleep: Callable[[float], None] = time.sleep) -> CycleReport | None:
+def run_once(daemon: Daemon, *, sleep: Callable[[float], None] = time.sleep) -> OnceOutcome:
     """One evaluation. Direct scrapes need two reads: a baseline, then one interval later."""
     source = daemon.controller.source
     if isinstance(source, DirectSource) and not source.has_baseline():
         daemon.safe_cycle()
         sleep(daemon.settings.loop.interval_s)
+    failed_saves = _failed_saves(daemon)
     report = daemon.safe_cycle()
     daemon.controller.save()
-    return report
+    saved = _failed_saves(daemon) == failed_saves
+    return OnceOutcome(report, once_problem(report, saved=saved))
+
+
+def _failed_saves(daemon: Daemon) -> float:
+    """The controller logs and counts a failed save (the loop goes on); --once must say it."""
+    return daemon.metrics.sample(f"{PREFIX}_errors_total", {"kind": "state"}) or 0.0
 
 
 def run_forever(daemon: Daemon, *, notifier: Notifier | None = None) -> int:

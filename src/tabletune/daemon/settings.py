@@ -2,21 +2,36 @@
 
 One ``DaemonSettings`` object made of grouped sub-models, built once at start and passed down as
 a keyword-only ``settings=`` argument. Nested fields are ``TABLETUNE_<GROUP>__<FIELD>``, e.g.
-``TABLETUNE_SOURCE__PROMETHEUS_URL``. Lists are comma-separated.
+``TABLETUNE_SOURCE__PROMETHEUS_URL``, except the admin token's, which the vLLM plugin reads too:
+``TABLETUNE_ADMIN_TOKEN`` and ``TABLETUNE_ADMIN_TOKEN_FILE`` (``SHARED_NAMES``; the old
+``TABLETUNE_ADMIN__TOKEN`` still works, with a warning). Lists are comma-separated.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
+from tabletune.admin.auth import TOKEN_ENV, TOKEN_FILE_ENV
 from tabletune.errors import InputError
 
 ENV_PREFIX = "TABLETUNE_"
 NESTED = "__"
+# (group, field) -> the variable, where it is not TABLETUNE_<GROUP>__<FIELD>: one name for the
+# daemon and the plugin.
+SHARED_NAMES = {("admin", "token"): TOKEN_ENV, ("admin", "token_file"): TOKEN_FILE_ENV}
+SECRETS = (("admin", "token"), ("alerts", "password"), ("alerts", "bearer_token"))
 
 
 def _split_list(value: object) -> object:
@@ -180,7 +195,17 @@ class PluginSettings(_Group):
 
 
 class AdminSettings(_Group):
-    token: SecretStr | None = Field(default=None, description="admin API bearer token")
+    token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "admin API bearer token, the same variable as the plugin's (at least 16 characters: "
+            "openssl rand -hex 32)"
+        ),
+    )
+    token_file: Path | None = Field(
+        default=None,
+        description="file holding the token instead (a systemd credential, a Kubernetes secret)",
+    )
     timeout_s: float = Field(default=5.0, gt=0, description="admin API timeout in seconds")
     refresh_s: float = Field(
         default=300.0, gt=0, description="re-read each replica's table at least this often"
@@ -238,7 +263,10 @@ class AlertSettings(_Group):
 
 
 class ServerSettings(_Group):
-    host: str = Field(default="0.0.0.0", description="address of the daemon's /metrics, /healthz")
+    host: str = Field(
+        default="127.0.0.1",
+        description="address of the daemon's /metrics, /healthz (0.0.0.0: every interface)",
+    )
     port: int = Field(default=9465, ge=0, le=65535, description="port (0: no HTTP server)")
 
 
@@ -255,12 +283,61 @@ class LogSettings(_Group):
     format: Literal["json", "console"] = Field(default="json", description="log format")
 
 
+def env_var(group: str, field: str) -> str:
+    """The variable that sets ``group.field``."""
+    return SHARED_NAMES.get((group, field), f"{ENV_PREFIX}{group.upper()}{NESTED}{field.upper()}")
+
+
+def shared_values(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """The settings given by their shared names, nested as the settings model holds them."""
+    upper = {key.upper(): value for key, value in env.items()}
+    out: dict[str, dict[str, str]] = {}
+    for (group, field), name in SHARED_NAMES.items():
+        if name in upper:
+            out.setdefault(group, {})[field] = upper[name]
+    return out
+
+
+def deprecations(env: Mapping[str, str]) -> list[str]:
+    """Warnings for the old spellings of the shared names (they still work)."""
+    upper = {key.upper() for key in env}
+    warnings = []
+    for (group, field), name in SHARED_NAMES.items():
+        old = f"{ENV_PREFIX}{group.upper()}{NESTED}{field.upper()}"
+        if old in upper:
+            effect = "ignored: it is set too" if name in upper else "still read for now"
+            warnings.append(f"{old} is deprecated, use {name} (the plugin's name); {effect}")
+    return warnings
+
+
+class _SharedNamesSource(PydanticBaseSettingsSource):
+    """Reads ``SHARED_NAMES`` from the process environment (ahead of the nested names)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # everything comes from __call__
+
+    def __call__(self) -> dict[str, Any]:
+        return shared_values(os.environ)
+
+
 class DaemonSettings(BaseSettings):
     """Everything the daemon reads from the environment."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=NESTED, extra="ignore", frozen=True
     )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        shared = _SharedNamesSource(settings_cls)
+        return init_settings, shared, env_settings, dotenv_settings, file_secret_settings
 
     loop: LoopSettings = LoopSettings()
     source: SourceSettings = SourceSettings()
@@ -281,7 +358,9 @@ class DaemonSettings(BaseSettings):
 def env_name(loc: tuple[int | str, ...]) -> str:
     """Validation location -> the environment variable a user sets."""
     names = [str(part) for part in loc if not isinstance(part, int)]
-    return ENV_PREFIX + NESTED.join(name.upper() for name in names[:2])
+    if len(names) >= 2:
+        return env_var(names[0], names[1])
+    return ENV_PREFIX + NESTED.join(name.upper() for name in names)
 
 
 def load_settings(env: dict[str, str] | None = None) -> DaemonSettings:
@@ -308,17 +387,15 @@ def _from_mapping(env: dict[str, str]) -> DaemonSettings:
         group, _, field = key[len(ENV_PREFIX) :].lower().partition(NESTED)
         if group in DaemonSettings.model_fields and field:
             data.setdefault(group, {})[field] = value
+    for group, values in shared_values(env).items():
+        data.setdefault(group, {}).update(values)
     return DaemonSettings.model_validate(data)
 
 
 def masked(settings: DaemonSettings) -> dict[str, Any]:
     """The effective config for the start-up log: secrets shown as '***' (or null)."""
     data: dict[str, Any] = settings.model_dump(mode="json")
-    for group, field in (
-        ("admin", "token"),
-        ("alerts", "password"),
-        ("alerts", "bearer_token"),
-    ):
+    for group, field in SECRETS:
         if data[group][field] is not None:
             data[group][field] = "***"
     return data
@@ -346,5 +423,5 @@ def render_env_example() -> str:
             else:
                 shown = str(default)
             lines.append(f"# {field.description}")
-            lines.append(f"#{ENV_PREFIX}{group_name.upper()}{NESTED}{field_name.upper()}={shown}")
+            lines.append(f"#{env_var(group_name, field_name)}={shown}")
     return "\n".join(lines) + "\n"

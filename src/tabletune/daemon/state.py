@@ -8,6 +8,7 @@ fresh: never a crash.
 from __future__ import annotations
 
 import json
+import stat
 import time
 from pathlib import Path
 from typing import Literal
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tabletune.schemas import save_model
 
 STATE_FILE = "daemon-state.json"
+STATE_FILE_MODE = 0o600
 
 
 class UnitRecord(BaseModel):
@@ -81,4 +83,12 @@ class StateStore:
             return DaemonState(), f"{self.path}: {problem}; moved aside to {aside.name}"
 
     def save(self, state: DaemonState) -> None:
-        save_model(state, self.path)
+        save_model(state, self.path, mode=self._mode())
+
+    def _mode(self) -> int:
+        """The file's own mode (an operator may have widened it), else owner-only: the state
+        names every replica and the tables pushed."""
+        try:
+            return stat.S_IMODE(self.path.stat().st_mode)
+        except FileNotFoundError:
+            return STATE_FILE_MODE

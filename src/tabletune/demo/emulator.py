@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from tabletune.admin.auth import OPEN_ENV, OPEN_LOOPBACK, TOKEN_ENV, TOKEN_FILE_ENV
 from tabletune.errors import TemporaryError
 
 
@@ -40,13 +42,18 @@ def emulator(
     port: int | None = None,
     log_path: Path | None = None,
     timeout_s: float = 30.0,
+    admin_token: str | None = None,
 ) -> Iterator[str]:
     """Yields the base URL of an emulator that answers ``/health``; stops it on exit.
 
     Its output goes to ``log_path`` (a temporary file when None): when it exits before
     answering, the error raised carries its last line, e.g. the scenario it could not read.
+    Its admin API takes ``admin_token``, or without one writes from this machine only
+    (``TABLETUNE_ADMIN_OPEN=loopback``).
     """
     port = port or free_port()
+    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TOKEN_FILE_ENV, OPEN_ENV)}
+    env.update({TOKEN_ENV: admin_token} if admin_token else {OPEN_ENV: OPEN_LOOPBACK})
     command = [
         sys.executable,
         "-m",
@@ -67,7 +74,7 @@ def emulator(
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="tabletune-sim-"))
             log_path = Path(folder) / "emulator.log"
         log = stack.enter_context(open(log_path, "wb"))
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         stack.callback(_stop, process)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout_s

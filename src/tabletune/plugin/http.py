@@ -5,6 +5,10 @@ vLLM 0.26's ``EndpointPlugin`` protocol: ``attach_router(app)`` only registers r
 ``init_app_state``). Routes find the backend on ``app.state`` per request: none -> 503.
 Endpoint plugins are opt-in: vLLM loads this only when ``tabletune_http`` is in VLLM_PLUGINS.
 No vLLM import needed: the engine client is used through ``engine_core.call_utility_async``.
+
+Access (``tabletune.admin.auth``) is decided in ``init_state``, which sees vLLM's args: its
+``--api-key`` (or ``VLLM_API_KEY``), which vLLM checks only under /v1, /v2 and /inference, is
+accepted as an admin token too. Until then every request is refused.
 """
 
 from __future__ import annotations
@@ -13,25 +17,38 @@ import asyncio
 import logging
 import os
 from argparse import Namespace
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 
-from tabletune.admin.router import AdminBackend, build_router
+from tabletune.admin.auth import VLLM_API_KEY_ENV, AdminAuth, auth_from_env
+from tabletune.admin.router import AdminBackend, install_admin_api
 from tabletune.plugin.engine_backend import EngineUtilityBackend, sync_views
 from tabletune.plugin.metrics_core import TableTuneMetrics
 
 LOGGER = logging.getLogger("vllm.tabletune.http")
-TOKEN_ENV = "TABLETUNE_ADMIN_TOKEN"
 SYNC_ENV = "TABLETUNE_SYNC_INTERVAL_S"
 DEFAULT_SYNC_INTERVAL_S = "1"  # how fresh the exported step cells are (one small call a second)
 STATE_BACKEND = "tabletune_backend"
 STATE_SYNC_TASK = "tabletune_sync_task"
+STATE_AUTH = "tabletune_auth"
+NOT_READY = AdminAuth(closed="the plugin's init_state has not run")
 
 
 def backend_of(request: Request) -> AdminBackend | None:
     backend: AdminBackend | None = getattr(request.app.state, STATE_BACKEND, None)
     return backend
+
+
+def auth_of(request: Request) -> AdminAuth:
+    auth: AdminAuth = getattr(request.app.state, STATE_AUTH, NOT_READY)
+    return auth
+
+
+def vllm_api_keys(args: Namespace, env: Mapping[str, str]) -> list[str]:
+    """The keys vLLM's own middleware accepts: ``--api-key`` wins over ``VLLM_API_KEY``."""
+    return [key for key in (getattr(args, "api_key", None) or [env.get(VLLM_API_KEY_ENV)]) if key]
 
 
 class TableTuneEndpoint:
@@ -44,11 +61,13 @@ class TableTuneEndpoint:
         self._metrics = metrics
 
     def attach_router(self, app: FastAPI) -> None:
-        token = os.environ.get(TOKEN_ENV) or None
-        app.include_router(build_router(backend_of, token=token))
-        LOGGER.info("tabletune: admin API attached (token auth %s)", "on" if token else "off")
+        install_admin_api(app, backend_of, auth_of)
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
+        auth = auth_from_env(os.environ, api_keys=vllm_api_keys(args, os.environ))
+        setattr(state, STATE_AUTH, auth)
+        log = LOGGER.error if auth.closed else LOGGER.info
+        log("tabletune: admin API: %s", auth.describe())
         if engine_client is None:
             setattr(state, STATE_BACKEND, None)
             return

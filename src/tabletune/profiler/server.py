@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tabletune.admin.auth import OPEN_ENV, OPEN_LOOPBACK
 from tabletune.errors import InputError
 from tabletune.profiler.errors import EngineStartError
 from tabletune.profiler.hook_protocol import SamplerMode
@@ -99,10 +100,12 @@ def build_command(spec: EngineSpec, *, settings: LaunchSettings, port: int) -> l
 
 
 def server_env(settings: LaunchSettings, base: Mapping[str, str]) -> dict[str, str]:
-    """The plugin (all three parts) and the profiler hook, which needs vLLM's dev-mode RPC."""
+    """The plugin (all three parts) and the profiler hook, which needs vLLM's dev-mode RPC.
+    The admin API takes the profiler's writes from this machine unless a token is set."""
     env = dict(base)
     env.setdefault("VLLM_PLUGINS", PLUGINS)
     env.setdefault("VLLM_SERVER_DEV_MODE", "1")
+    env.setdefault(OPEN_ENV, OPEN_LOOPBACK)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(dict(settings.env))
     return env

@@ -89,15 +89,15 @@ def load_table(spec: str, *, max_k: int | None = None) -> Table:
         raise InputError(f"{source}: {error}") from None
 
 
-def save_model(model: BaseModel, path: str | Path) -> None:
-    """Write JSON atomically (temp file, fsync, rename): a crash leaves the old file or the new."""
+def save_model(model: BaseModel, path: str | Path, *, mode: int = 0o644) -> None:
+    """Write JSON atomically (temp file, fsync, rename): a crash leaves the old file or the new.
+    ``mode``: profiles are read by other users (e.g. the daemon's) by default."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = model.model_dump_json(indent=2) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        # mkstemp makes 0600; profiles and state are read by other users (e.g. the daemon's).
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, mode)  # mkstemp makes 0600
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(payload)
             handle.flush()

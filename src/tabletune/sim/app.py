@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tabletune.admin.router import AdminBackend, build_router
+from tabletune.admin.auth import AdminAuth
+from tabletune.admin.router import AdminBackend, install_admin_api
 from tabletune.sim.faults import FaultsPatch
 from tabletune.sim.replica import Replica, Unavailable
 
@@ -182,13 +183,14 @@ def sim_router(replicas: ReplicaSet) -> APIRouter:
     return router
 
 
-def build_app(replicas: ReplicaSet, *, admin_token: str | None = None) -> FastAPI:
+def build_app(replicas: ReplicaSet, *, auth: AdminAuth) -> FastAPI:
+    """The app; the admin API is the plugin's (same routes, same ``auth`` rules)."""
     app = FastAPI(title="tabletune sim (vLLM 0.26 + TableTune plugin look-alike)")
 
     def backend(request: Request) -> AdminBackend | None:
         replica = replicas.for_request(request)
         return None if replica is None else replica.admin
 
-    app.include_router(build_router(backend, token=admin_token))
+    install_admin_api(app, backend, lambda request: auth)
     app.include_router(sim_router(replicas))
     return app

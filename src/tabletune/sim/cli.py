@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 from typing import Any
 
+from tabletune.admin.auth import OPEN_ENV, TOKEN_ENV, AdminAuth, auth_from_env
 from tabletune.cli.inputs import number_type
 from tabletune.sim.build import resolve_profile, usable_step_times
-from tabletune.sim.scenario import load_scenario, packaged_names
+from tabletune.sim.scenario import Scenario, load_scenario, packaged_names
 
 _port = number_type(int, lambda v: 0 < v < 65536, "a port in 1..65535")
 _speed = number_type(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
@@ -20,7 +23,12 @@ def register(subparsers: Any) -> None:
     commands = parser.add_subparsers(dest="sim_command", metavar="SIM_COMMAND")
 
     serve = commands.add_parser(
-        "serve", help="serve /metrics, the admin API and /sim/v1/* for one or many engines"
+        "serve",
+        help="serve /metrics, the admin API and /sim/v1/* for one or many engines",
+        description=(
+            "The admin API follows the plugin's rules and variables: TABLETUNE_ADMIN_TOKEN (or "
+            f"the scenario's admin_token), TABLETUNE_ADMIN_TOKEN_FILE, {OPEN_ENV}=loopback."
+        ),
     )
     serve.add_argument("--scenario", required=True, help="scenario file, or a packaged name")
     serve.add_argument("--profile", help="profile JSON (default: the scenario's)")
@@ -59,8 +67,17 @@ def run_serve(args: argparse.Namespace) -> int:
         f"{args.host}:{span}, speed x{args.speed:g}",
         flush=True,
     )
-    serve(replicas, sockets, admin_token=scenario.engine.admin_token)
+    auth = admin_auth(scenario, os.environ)
+    print(f"tabletune sim: admin API: {auth.describe()}", flush=True)
+    serve(replicas, sockets, auth=auth)
     return 0
+
+
+def admin_auth(scenario: Scenario, env: Mapping[str, str]) -> AdminAuth:
+    """The plugin's rules from the same variables; the scenario's ``admin_token`` stands for
+    the emulated engine's TABLETUNE_ADMIN_TOKEN."""
+    token = scenario.engine.admin_token
+    return auth_from_env({**env, TOKEN_ENV: token} if token is not None else env)
 
 
 def run_list(args: argparse.Namespace) -> int:

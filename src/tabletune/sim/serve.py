@@ -16,6 +16,7 @@ from pathlib import Path
 
 import uvicorn
 
+from tabletune.admin.auth import AdminAuth
 from tabletune.errors import InputError
 from tabletune.schemas import Profile
 from tabletune.sim.app import ReplicaSet, build_app
@@ -91,9 +92,9 @@ def build_replicas(
     )
 
 
-def serve(replicas: ReplicaSet, sockets: list[socket.socket], *, admin_token: str | None) -> None:
+def serve(replicas: ReplicaSet, sockets: list[socket.socket], *, auth: AdminAuth) -> None:
     """Run until SIGINT/SIGTERM (uvicorn handles both and closes the sockets)."""
-    app = build_app(replicas, admin_token=admin_token)
+    app = build_app(replicas, auth=auth)
     config = uvicorn.Config(
         app,
         log_level="warning",
