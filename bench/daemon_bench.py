@@ -37,20 +37,18 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from bench.common import environment, write_result  # noqa: E402
-from tabletune.admin.client import AdminRefused, StateAdminClient  # noqa: E402
-from tabletune.admin.protocol import SettingsPut, TablePut, TableView  # noqa: E402
-from tabletune.admin.state import AdminError, TableState  # noqa: E402
+from bench.harness import Rig, Wall, daemon_settings  # noqa: E402
+from tabletune.admin.client import StateAdminClient  # noqa: E402
+from tabletune.admin.state import TableState  # noqa: E402
 from tabletune.daemon import logs  # noqa: E402
 from tabletune.daemon.alerts import AlertSink  # noqa: E402
 from tabletune.daemon.controller import Controller  # noqa: E402
 from tabletune.daemon.direct_source import DirectSource  # noqa: E402
 from tabletune.daemon.metrics import DaemonMetrics  # noqa: E402
 from tabletune.daemon.profiles import load_pools  # noqa: E402
-from tabletune.daemon.settings import DaemonSettings, load_settings  # noqa: E402
 from tabletune.demo.cli import choose_profile  # noqa: E402
-from tabletune.errors import InputError, TemporaryError  # noqa: E402
 from tabletune.sim.build import resolve_profile  # noqa: E402
-from tabletune.sim.replica import Replica, SimClock, Unavailable  # noqa: E402
+from tabletune.sim.replica import Replica, SimClock  # noqa: E402
 from tabletune.sim.scenario import load_scenario  # noqa: E402
 from tabletune.solver import build_table, evaluate_table  # noqa: E402
 
@@ -60,125 +58,6 @@ CONVERGED = 0.015
 def default_profile() -> Path:
     """A measured profile from profiles/ when there is one (as the demo picks), else the sample."""
     return choose_profile(ROOT)
-
-
-class Wall:
-    """The one clock of a run: the emulator's wall and the daemon's clock (speed 1)."""
-
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.t += seconds
-
-
-def daemon_settings(profile: Path, state_dir: Path, **env: str) -> DaemonSettings:
-    return load_settings(
-        {
-            "TABLETUNE_PROFILE__PATHS": str(profile),
-            "TABLETUNE_STATE__DIR": str(state_dir),
-            "TABLETUNE_SERVER__PORT": "0",
-            **{f"TABLETUNE_{k}": v for k, v in env.items()},
-        }
-    )
-
-
-class ReplicaAdmin:
-    """The daemon's admin client, calling the emulated plugin's HTTP side in process."""
-
-    def __init__(self, replica: Replica, loop: asyncio.AbstractEventLoop) -> None:
-        self.replica = replica
-        self.loop = loop
-
-    def _run(self, coroutine: Any) -> TableView:
-        try:
-            view: TableView = self.loop.run_until_complete(coroutine)
-        except AdminError as error:
-            if error.status >= 500:
-                raise TemporaryError(f"HTTP {error.status}: {error.detail}") from None
-            raise AdminRefused(error.status, error.detail) from None
-        return view
-
-    def get_table(self) -> TableView:
-        return self._run(self.replica.admin.get_view())
-
-    def put_table(
-        self,
-        table: Sequence[Sequence[int]],
-        *,
-        if_match: int | None = None,
-        allow_uncaptured: bool = False,
-    ) -> TableView:
-        body = TablePut(table=[list(r) for r in table], allow_uncaptured=allow_uncaptured)
-        return self._run(self.replica.admin.put_table(body, if_match))
-
-    def put_settings(
-        self,
-        *,
-        exploration_interval: int | None = None,
-        hysteresis: int | None = None,
-        if_match: int | None = None,
-    ) -> TableView:
-        body = SettingsPut(exploration_interval=exploration_interval, hysteresis=hysteresis)
-        return self._run(self.replica.admin.put_settings(body, if_match))
-
-
-class Rig:
-    """Emulated replicas on a fake wall clock, and the daemon reading them in process."""
-
-    def __init__(
-        self, scenario_name: str, profile: Path, workdir: Path, *, replicas: int = 1, **env: str
-    ) -> None:
-        scenario, base_dir = load_scenario(scenario_name)
-        self.scenario = scenario
-        self.wall = Wall()
-        clock = SimClock(speed=1.0, start_wall=self.wall(), wall=self.wall)
-        prof = resolve_profile(scenario, base_dir, profile)
-        self.replicas = {
-            f"sim://{i}": Replica(scenario, prof, base_dir=base_dir, clock=clock, index=i)
-            for i in range(replicas)
-        }
-        self.loop = asyncio.new_event_loop()
-        self.settings = daemon_settings(profile, workdir / "state", **env)
-        source = DirectSource(
-            settings=self.settings.source, replicas=list(self.replicas), fetch=self.fetch
-        )
-        admins = {url: ReplicaAdmin(r, self.loop) for url, r in self.replicas.items()}
-        self.controller = Controller(
-            settings=self.settings,
-            source=source,
-            pools=load_pools(self.settings.profile),
-            admin_for=admins.__getitem__,
-            alerts=AlertSink(settings=self.settings.alerts, condition_ttl_s=120),
-            metrics=DaemonMetrics(),
-            clock=self.wall,
-            sleep=self.wall.sleep,
-        )
-
-    def fetch(self, url: str) -> str:
-        try:
-            return self.loop.run_until_complete(self.replicas[url].metrics_text()).decode()
-        except Unavailable as error:
-            raise InputError(f"{url}: {error}") from None
-
-    def metrics_rollbacks(self) -> float:
-        total = 0.0
-        for url in self.replicas:
-            value = self.controller.metrics.sample(
-                "tabletune_daemon_rollbacks_total", {"replica": url}
-            )
-            total += value or 0.0
-        return total
-
-    @property
-    def sim_s(self) -> float:
-        return next(iter(self.replicas.values())).clock.sim_now()
-
-    def truth(self) -> dict[str, Any]:
-        return next(iter(self.replicas.values())).truth(last=0)
 
 
 def bench_repair(profile: Path, *, interval_s: float, horizon_s: float) -> dict[str, Any]:
@@ -336,9 +215,11 @@ def bench_switch(profile: Path, *, interval_s: float, phase_s: float) -> dict[st
     }
 
 
-def record_scale(profile: Path, replicas: int, cycles: int, workdir: Path) -> list[Path]:
+def record_scale(
+    profile: Path, replicas: int, cycles: int, workdir: Path, *, scenario_name: str = "repair"
+) -> list[Path]:
     """Each replica's /metrics text at each cycle (the emulator's pure core)."""
-    scenario, base_dir = load_scenario("repair")
+    scenario, base_dir = load_scenario(scenario_name)
     wall = Wall()
     clock = SimClock(speed=1.0, start_wall=wall(), wall=wall)
     prof = resolve_profile(scenario, base_dir, profile)
@@ -370,11 +251,13 @@ def rss_mb(field: str = "VmRSS") -> float:
     return float("nan")
 
 
-def scale_child(profile: Path, paths: list[Path], scope: str) -> dict[str, Any]:
+def scale_child(
+    profile: Path, paths: list[Path], scope: str, scenario_name: str = "repair"
+) -> dict[str, Any]:
     """Runs in its own process: only the daemon (and one cycle's texts) in memory."""
     logs.configure(level="info", fmt="json", stream=open(os.devnull, "w"))  # noqa: SIM115
     rss_start = rss_mb()
-    scenario, _ = load_scenario("repair")
+    scenario, _ = load_scenario(scenario_name)
     replicas = list(pickle.loads(paths[0].read_bytes()))
     with tempfile.TemporaryDirectory() as tmp:
         settings = daemon_settings(profile, Path(tmp) / "state", ESTIMATOR__SCOPE=scope)
@@ -434,11 +317,18 @@ def scale_child(profile: Path, paths: list[Path], scope: str) -> dict[str, Any]:
     }
 
 
-def bench_scale(profile: Path, replicas: int, cycles: int) -> list[dict[str, Any]]:
+def bench_scale(
+    profile: Path,
+    replicas: int,
+    cycles: int,
+    *,
+    scenario_name: str = "repair",
+    goal_rss_mb: float = 200.0,
+) -> list[dict[str, Any]]:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         recorded_at = time.perf_counter()
-        paths = record_scale(profile, replicas, cycles, Path(tmp))
+        paths = record_scale(profile, replicas, cycles, Path(tmp), scenario_name=scenario_name)
         record_s = time.perf_counter() - recorded_at
         for scope in ("replica", "pool"):
             done = subprocess.run(
@@ -448,6 +338,7 @@ def bench_scale(profile: Path, replicas: int, cycles: int) -> list[dict[str, Any
                     "--child",
                     str(profile),
                     scope,
+                    scenario_name,
                     *[str(p) for p in paths],
                 ],
                 check=True,
@@ -457,11 +348,12 @@ def bench_scale(profile: Path, replicas: int, cycles: int) -> list[dict[str, Any
             result = json.loads(done.stdout.strip().splitlines()[-1])
             measured = [c["seconds"] for c in result["cycles"][1:]]
             result |= {
+                "scenario": scenario_name,
                 "emulator_record_s": record_s,
                 "max_cycle_s": max(measured),
                 "goal_cycle_s": 2.0,
-                "goal_rss_mb": 200.0,
-                "met": max(measured) <= 2.0 and result["peak_rss_mb"] <= 200.0,
+                "goal_rss_mb": goal_rss_mb,
+                "met": max(measured) <= 2.0 and result["peak_rss_mb"] <= goal_rss_mb,
             }
             results.append(result)
     return results
@@ -476,8 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        profile, scope, *paths = args.child
-        print(json.dumps(scale_child(Path(profile), [Path(p) for p in paths], scope)))
+        profile, scope, scenario_name, *paths = args.child
+        print(
+            json.dumps(scale_child(Path(profile), [Path(p) for p in paths], scope, scenario_name))
+        )
         return 0
     profile = args.profile or default_profile()
     started = time.perf_counter()

@@ -1,0 +1,295 @@
+"""Live step time on the emulator: the daemon learns what serving steps take, where the profile
+(pure decode) is wrong. Writes bench/results/live_step_time_sim.json with a ``goals`` object.
+
+1. serving: the ``serving-decode-heavy`` scenario (prefill rides along, a 512-token CUDA-graph
+   limit, 30 % context cost: the profile says k=3 everywhere, the truth does not), one load at a
+   time. The engine starts on the table the profile gives; the daemon (default settings, live
+   step time) runs 120 s. Loss at a load = 1 - true goodput of the table's k there / true
+   goodput of the best captured k. The Nightjar-style bandit (UCB1 per batch size, c=0.25,
+   learning from each step's measured goodput) runs on the same engine and traffic for the same
+   120 s; its loss is measured over the last 30 s, as is ours (exploration included).
+   Goals: ours <= 1.5 % at every load; Nightjar-style worst-load loss >= 3x ours.
+2. shape change: the ``shape-change`` scenario at a constant load where the truth-optimal
+   tables before and after differ most; share of the gap (table in force at the change ->
+   truth-optimal table after) recovered 90 s after the change. Goal >= 95 %.
+3. scale: 1,000 emulated ``serving-decode-heavy`` replicas, their /metrics replayed into one
+   daemon process (bench/daemon_bench.py's scale run): cycle <= 2 s, RSS <= 300 MB.
+
+    .venv/bin/python bench/live_step_time_sim.py            # everything (several minutes)
+    .venv/bin/python bench/live_step_time_sim.py --quick    # fewer loads, 200 replicas
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import environment, write_result  # noqa: E402
+from bench.daemon_bench import bench_scale  # noqa: E402
+from bench.harness import ReplicaAdmin, Rig  # noqa: E402
+from tabletune.baselines import NightjarStylePolicy, StepOutcome  # noqa: E402
+from tabletune.sim.build import build_engine, resolve_profile  # noqa: E402
+from tabletune.sim.engine import EngineSim  # noqa: E402
+from tabletune.sim.scenario import ConstantLoad, load_scenario  # noqa: E402
+from tabletune.solver import evaluate_table  # noqa: E402
+
+PROFILE = ROOT / "examples" / "sample-profile.json"
+SERVING = "serving-decode-heavy"
+SHAPE_CHANGE = "shape-change"
+LOADS = (16, 48, 80, 96, 104, 112, 120, 128, 136, 144, 160, 176, 192, 224, 256)
+QUICK_LOADS = (48, 112, 128, 160, 224)
+HORIZON_S = 120.0
+WINDOW_S = 30.0  # the measured window at the end of the horizon
+INTERVAL_S = 15.0
+NIGHTJAR_C = 0.25  # the tuned-down exploration constant that did best on the emulator before
+GOAL_LOSS = 0.015
+GOAL_RATIO = 3.0
+GOAL_SHARE = 0.95
+GOAL_SHAPE_S = 90.0
+
+
+def quiet() -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+
+
+def measured_loss(engine: EngineSim, start_s: float, end_s: float) -> float:
+    """1 - expected kept tokens / the oracle's, over the truth intervals in [start, end]."""
+    expected = oracle = 0.0
+    for interval in (*engine.history, engine.interval):
+        if interval.start_s >= start_s - 1e-9 and interval.end_s <= end_s + 1e-9:
+            expected += interval.expected_tokens
+            oracle += interval.oracle_tokens
+    return 1.0 - expected / oracle
+
+
+def table_loss(engine: EngineSim, table: Sequence[Sequence[int]], load: int, **at: Any) -> float:
+    """1 - true goodput of the table's k at ``load`` / the best captured k's (no exploration)."""
+    truth = engine.true_step_times(**at)
+    rates = at.get("rates") or engine.acceptance.at(engine.now)
+    evaluation = evaluate_table(
+        truth,
+        rates,
+        [tuple(r) for r in table],
+        max_batch=engine.max_num_seqs,
+        max_k=engine.num_speculative_tokens,
+    )
+    best = max(
+        evaluate_table(truth, rates, ((1, engine.max_num_seqs, k),)).goodput[load - 1]
+        for k in engine.oracle_ks
+    )
+    return 1.0 - evaluation.goodput[load - 1] / best
+
+
+def daemon_at(load: int, workdir: Path) -> dict[str, Any]:
+    rig = Rig(SERVING, PROFILE, workdir, LOOP__INTERVAL_S=str(INTERVAL_S))
+    replica = next(iter(rig.replicas.values()))
+    replica.set_load(load)
+    admin = ReplicaAdmin(replica, rig.loop)
+    profile_table = replica.truth(last=0)["profile_table"]
+    admin.put_table(profile_table)
+    start = rig.sim_s
+    history: list[tuple[float, int]] = []
+    while rig.sim_s - start < HORIZON_S - 1e-9:
+        rig.controller.run_cycle()
+        truth = replica.truth(last=0)
+        history.append((round(rig.sim_s - start, 1), truth["current"].get("table_k")))
+        rig.wall.t += INTERVAL_S
+    truth = replica.truth(last=0)
+    engine = replica.engine
+    end = engine.now
+    return {
+        "profile_table": profile_table,
+        "table_after": truth["table"],
+        "oracle_table": truth["oracle_table"],
+        "table_k_by_time": history,
+        "table_loss": table_loss(engine, truth["table"], load),
+        "start_table_loss": table_loss(engine, profile_table, load),
+        "measured_loss": measured_loss(engine, end - WINDOW_S, end),
+        "true_step_ms": truth["current"]["step_ms"],
+        "profile_step_ms": truth["current"]["profile_step_ms"],
+    }
+
+
+def nightjar_at(load: int, seed: int) -> dict[str, Any]:
+    scenario, base_dir = load_scenario(SERVING)
+    scenario = scenario.model_copy(update={"load": ConstantLoad(kind="constant", batch_size=load)})
+    profile = resolve_profile(scenario, base_dir, PROFILE)
+    policy = NightjarStylePolicy(sorted(scenario_ks(scenario)), exploration=NIGHTJAR_C)
+    engine = build_engine(scenario, profile, base_dir=base_dir, seed=seed, choose_k=policy.choose_k)
+    while engine.now < HORIZON_S:
+        done = engine.step()
+        if done is None:
+            break
+        policy.observe(
+            StepOutcome(
+                batch_size=done.batch_size,
+                k=int(done.ks[0]),
+                step_ms=float(done.durations_s[0]) * 1000.0,
+                drafted=tuple(int(x) for x in done.drafted_per_pos),
+                accepted=tuple(int(x) for x in done.accepted_per_pos),
+            )
+        )
+    return {"measured_loss": measured_loss(engine, engine.now - WINDOW_S, engine.now)}
+
+
+def scenario_ks(scenario: Any) -> set[int]:
+    """The k the engine captured graphs for (its starting table's)."""
+    return {k for _, _, k in scenario.engine.starting_table}
+
+
+def bench_serving(loads: Sequence[int]) -> dict[str, Any]:
+    per_load = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for index, load in enumerate(loads):
+            ours = daemon_at(load, Path(tmp) / f"load-{load}")
+            theirs = nightjar_at(load, seed=1000 + index)
+            per_load[str(load)] = {"daemon": ours, "nightjar_style": theirs}
+            print(
+                f"B={load:3d}: daemon table {ours['table_loss']:+.2%} measured "
+                f"{ours['measured_loss']:+.2%} (start {ours['start_table_loss']:+.2%}); "
+                f"Nightjar-style {theirs['measured_loss']:+.2%}",
+                flush=True,
+            )
+    worst_table = max(v["daemon"]["table_loss"] for v in per_load.values())
+    worst_ours = max(v["daemon"]["measured_loss"] for v in per_load.values())
+    worst_theirs = max(v["nightjar_style"]["measured_loss"] for v in per_load.values())
+    return {
+        "scenario": SERVING,
+        "horizon_s": HORIZON_S,
+        "measured_window_s": WINDOW_S,
+        "cycle_interval_s": INTERVAL_S,
+        "nightjar_exploration": NIGHTJAR_C,
+        "loads": per_load,
+        "worst_table_loss": worst_table,
+        "worst_measured_loss": worst_ours,
+        "worst_start_table_loss": max(v["daemon"]["start_table_loss"] for v in per_load.values()),
+        "nightjar_worst_measured_loss": worst_theirs,
+    }
+
+
+def bench_shape_change(horizon_after_s: float = GOAL_SHAPE_S) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        rig = Rig(SHAPE_CHANGE, PROFILE, Path(tmp), LOOP__INTERVAL_S=str(INTERVAL_S))
+        replica = next(iter(rig.replicas.values()))
+        engine = replica.engine
+        switch_at = float(rig.scenario.serving.traffic.at_s)  # type: ignore[union-attr]
+        before, after = engine.shape(switch_at - 1.0), engine.shape(switch_at + 1.0)
+        rates = engine.acceptance.at(0.0)
+        tables = [engine.oracle_table(rates, shape=s).ranges for s in (before, after)]
+        # The load where the table that is right before the change loses most after it.
+        gaps = {
+            b: table_loss(engine, tables[0], b, rates=rates, shape=after)
+            for b in range(16, engine.max_num_seqs + 1, 8)
+        }
+        load = max(gaps, key=lambda b: gaps[b])
+        replica.set_load(load)
+        table_at_change: Any = None
+        trace = []
+        while rig.sim_s < switch_at + horizon_after_s - 1e-9:
+            rig.controller.run_cycle()
+            table = replica.truth(last=0)["table"]
+            if rig.sim_s <= switch_at + 1e-9:
+                table_at_change = table
+            else:
+                loss = table_loss(engine, table, load, rates=rates, shape=after)
+                trace.append((round(rig.sim_s - switch_at, 1), loss))
+            rig.wall.t += INTERVAL_S
+        rig.wall.t += switch_at + horizon_after_s - rig.sim_s
+        final = replica.truth(last=0)["table"]
+    gap = table_loss(engine, table_at_change, load, rates=rates, shape=after)
+    left = table_loss(engine, final, load, rates=rates, shape=after)
+    share = None if gap <= 1e-9 else 1.0 - left / gap
+    return {
+        "scenario": SHAPE_CHANGE,
+        "load": load,
+        "switch_at_s": switch_at,
+        "cycle_interval_s": INTERVAL_S,
+        "table_at_change": table_at_change,
+        "gap_at_change": gap,
+        "loss_after_s": trace,
+        "table_after": final,
+        "oracle_after": [list(r) for r in tables[1]],
+        "loss_left": left,
+        "share_recovered": share,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    quiet()
+    started = time.perf_counter()
+    serving = bench_serving(QUICK_LOADS if args.quick else LOADS)
+    shape = bench_shape_change()
+    scale = bench_scale(
+        PROFILE, 200 if args.quick else 1000, 4, scenario_name=SERVING, goal_rss_mb=300.0
+    )
+    ours = serving["worst_measured_loss"]
+    ratio = serving["nightjar_worst_measured_loss"] / ours if ours > 0 else None
+    goals = {
+        "serving_worst_table_loss": {
+            "measured": serving["worst_table_loss"],
+            "goal": GOAL_LOSS,
+            "pass": serving["worst_table_loss"] <= GOAL_LOSS,
+        },
+        "serving_worst_measured_loss": {
+            "measured": ours,
+            "goal": GOAL_LOSS,
+            "pass": ours <= GOAL_LOSS,
+        },
+        "nightjar_style_over_ours": {
+            "measured": ratio,
+            "goal": GOAL_RATIO,
+            "pass": ratio is not None and ratio >= GOAL_RATIO,
+        },
+        "shape_change_share_at_90s": {
+            "measured": shape["share_recovered"],
+            "goal": GOAL_SHARE,
+            "pass": shape["share_recovered"] is not None and shape["share_recovered"] >= GOAL_SHARE,
+        },
+        "scale_cycle_s": {
+            "measured": max(s["max_cycle_s"] for s in scale),
+            "goal": 2.0,
+            "pass": all(s["max_cycle_s"] <= 2.0 for s in scale),
+        },
+        "scale_peak_rss_mb": {
+            "measured": max(s["peak_rss_mb"] for s in scale),
+            "goal": 300.0,
+            "pass": all(s["peak_rss_mb"] <= 300.0 for s in scale),
+        },
+    }
+    payload = {
+        "what": "live step time on the emulator (bench/live_step_time_sim.py)",
+        "command": " ".join(["bench/live_step_time_sim.py", *(argv or sys.argv[1:])]),
+        **environment(engine_version="vLLM 0.26.0, emulated (tabletune sim); no GPU"),
+        "profile": str(PROFILE.relative_to(ROOT)),
+        "goals": goals,
+        "serving": serving,
+        "shape_change": shape,
+        "scale": scale,
+        "wall_s": time.perf_counter() - started,
+    }
+    path = write_result("live_step_time_sim", payload)
+    print(json.dumps(goals, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
