@@ -1,71 +1,192 @@
-"""The Prometheus source: counter increases over exactly the interval since the last evaluation.
+"""The Prometheus source: each replica's exact counter increases over ``(last evaluation, now]``.
 
-Consecutive evaluations use adjacent windows ``(last, now]`` and value differences at their
-edges, so nothing is counted twice or skipped; ``increase()`` covers windows with a counter
-reset, and ``resets()`` tells the controller a replica restarted. Replicas are the values of
-one series label (``instance`` by default), optionally filtered by a static list. Any query
-failure is an outage for the whole cycle: no push.
+Windows are adjacent and counted from Prometheus's raw samples (``windows``): the value at the
+window's last scrape minus the value at the scrape before it starts, across restarts; nothing
+is extrapolated. A window Prometheus cannot vouch for (it was down or restarted empty, the
+target is new, the last scrape failed) is refused for that replica: a problem, no observation.
+
+One cycle makes at most five queries whatever the number of replicas, each over every replica
+at once: (1) the raw ``up`` and start-time samples of every target (a few series per target),
+which decide each window (``windows.judge``); (2) for the windows without a restart, the
+replicas whose counters went back anyway; (3) for the others, the difference of every counter
+between the window's two scrapes, computed by Prometheus, non-zero rows only (exactly the raw
+rule when there is no restart between them); (4) only for replicas with a restart (or not
+counted from their last scrape), their counters' raw samples, counted in Python; (5) the mean
+running-requests gauge. Replicas are the values of one target label (``instance`` by default).
+Any failed query is an outage for the whole cycle: no push.
 """
 
 from __future__ import annotations
 
+import base64
 import math
-from collections import defaultdict
-from collections.abc import Callable
+import ssl
+from collections.abc import Callable, Generator, Iterable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
-from tabletune import metric_names as mn
+import httpx
+
+from tabletune.daemon import windows
+from tabletune.daemon.counters import (
+    COUNTERS,
+    GENERATED,
+    KEY_LABELS,
+    RUNNING,
+    START_SERIES,
+    CounterKey,
+    both_spellings,
+    canonical_name,
+    counter_key,
+    observation_from,
+)
 from tabletune.daemon.observation import Observation, SourceResult
-from tabletune.daemon.scrape import buckets_to_ranges
-from tabletune.daemon.settings import SourceSettings
-from tabletune.errors import TemporaryError
+from tabletune.daemon.settings import SourceSettings, mask_credentials
+from tabletune.errors import InputError, TemporaryError
+
+FAMILY = "family"  # label that carries a counter's name through PromQL arithmetic
+UP = "up"
+SERVER_TIMEOUT = "20s"
 
 
 class QueryApi(Protocol):
-    """What we use of ``prometheus_api_client.PrometheusConnect``."""
+    """An instant query: the ``result`` list of Prometheus's answer (vector or matrix)."""
 
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any: ...
 
 
-def connect(settings: SourceSettings) -> QueryApi:
-    from prometheus_api_client import PrometheusConnect
-
-    assert settings.prometheus_url is not None
-    client: QueryApi = PrometheusConnect(url=settings.prometheus_url, disable_ssl=True)
-    return client
-
-
-def series(name: str) -> str:
-    """A selector for ``name`` as scraped: prometheus_client's OpenMetrics output (what
-    Prometheus asks for) spells vLLM's ``vllm:`` names as ``vllm_``; match both."""
-    if ":" not in name:
-        return name
-    return f'{{__name__=~"{name}|{name.replace(":", "_")}"}}'
+def _secret_file(path: Path, variable: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise InputError(f"{variable}: cannot read {path}: {error.strerror}") from None
 
 
-def counter_delta(selector: str, window: str) -> str:
-    """PromQL for a counter's increase over exactly ``(now - window, now]``, per series.
+class PrometheusAuth(httpx.Auth):
+    """Basic or bearer credentials from the settings; secret files are read on each request,
+    so a rotated token (a Kubernetes service-account token) is picked up without a restart."""
 
-    Without a reset it is the value now minus the value at the window's start, so adjacent
-    windows add up exactly (``increase()`` alone extrapolates to the edges and can lose the
-    step between two windows). A series that reset in the window uses ``increase()``, which
-    handles resets; one that went back without a reset sample in the window (the engine was
-    down across the edge) or did not exist at the start counts from zero.
-    """
-    x = selector
-    difference = f"({x} - {x} offset {window})"
-    reset = f"(resets({x}[{window}]) > 0)"
-    return f"(({difference} >= 0) unless {reset}) or (increase({x}[{window}]) and {reset}) or {x}"
+    def __init__(self, settings: SourceSettings) -> None:
+        self._settings = settings
+        self.header()  # an unreadable file stops the daemon at start, naming its variable
+
+    def header(self) -> str | None:
+        s = self._settings
+        if s.prometheus_bearer_token is not None:
+            return f"Bearer {s.prometheus_bearer_token.get_secret_value()}"
+        if s.prometheus_bearer_token_file is not None:
+            token = _secret_file(
+                s.prometheus_bearer_token_file, "TABLETUNE_SOURCE__PROMETHEUS_BEARER_TOKEN_FILE"
+            )
+            return f"Bearer {token}"
+        if s.prometheus_username is None:
+            return None
+        if s.prometheus_password_file is not None:
+            password = _secret_file(
+                s.prometheus_password_file, "TABLETUNE_SOURCE__PROMETHEUS_PASSWORD_FILE"
+            )
+        elif s.prometheus_password is not None:
+            password = s.prometheus_password.get_secret_value()
+        else:
+            password = ""
+        pair = f"{s.prometheus_username}:{password}".encode()
+        return f"Basic {base64.b64encode(pair).decode('ascii')}"
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        header = self.header()
+        if header is not None:
+            request.headers["Authorization"] = header
+        yield request
 
 
-def counter_went_back(selector: str, window: str) -> str:
-    """Series whose counter reset in the window (the engine restarted)."""
-    x = selector
-    return f"((resets({x}[{window}]) > 0) or (({x} - {x} offset {window}) < 0))"
+def tls_verify(settings: SourceSettings) -> ssl.SSLContext | bool:
+    """Verify Prometheus's certificate (against the CA file when given) unless turned off."""
+    if not settings.prometheus_tls_verify:
+        return False
+    if settings.prometheus_ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(settings.prometheus_ca_file))
+    except (OSError, ssl.SSLError) as error:
+        raise InputError(
+            f"TABLETUNE_SOURCE__PROMETHEUS_CA_FILE: cannot load {settings.prometheus_ca_file}: "
+            f"{error}"
+        ) from None
 
 
-def _window(seconds: float) -> str:
-    return f"{max(1, round(seconds * 1000))}ms"
+class PrometheusHttp:
+    """Prometheus's query API over httpx: POST (long replica lists fit), TLS verified,
+    credentials from the settings or the URL, never shown in an error."""
+
+    def __init__(
+        self, settings: SourceSettings, *, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        assert settings.prometheus_url is not None
+        url = httpx.URL(settings.prometheus_url)
+        auth: httpx.Auth = PrometheusAuth(settings)
+        if url.username:  # credentials in the URL: used as basic auth, kept out of messages
+            auth = httpx.BasicAuth(url.username, url.password)
+            url = url.copy_with(username=None, password=None)
+        self._url = str(url).rstrip("/") + "/api/v1/query"
+        self._http = httpx.Client(
+            timeout=settings.timeout_s, auth=auth, verify=tls_verify(settings), transport=transport
+        )
+
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any:
+        try:
+            response = self._http.post(self._url, data={"query": query, **(params or {})})
+        except httpx.HTTPError as error:
+            raise TemporaryError(f"{self._url}: {type(error).__name__}: {error}") from None
+        if response.status_code != 200:
+            raise TemporaryError(f"{self._url}: HTTP {response.status_code}: {response.text[:200]}")
+        body = response.json()
+        if body.get("status") != "success":
+            raise TemporaryError(f"{self._url}: {body.get('error', body)!s:.200}")
+        return body["data"]["result"]
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def names_selector(names: Iterable[str], **matchers: str) -> str:
+    """``{__name__=~"a|b", label=~`x|y`}``: every name in both of vLLM's spellings."""
+    spelled = sorted({n for name in names for n in both_spellings(name)})
+    parts = [f'__name__=~"{"|".join(spelled)}"', *(f"{k}=~`{v}`" for k, v in matchers.items())]
+    return "{" + ", ".join(parts) + "}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{max(1, math.ceil(seconds * 1000))}ms"
+
+
+def _back_to(timestamp: float, at: float) -> str:
+    """A range reaching from ``at`` back to a sample at ``timestamp`` (ranges exclude their
+    start in Prometheus 3, include it in 2: one extra millisecond serves both)."""
+    return _duration(at - timestamp + windows.SAME_SCRAPE_S)
+
+
+def exact_differences(selector: str, offset_s: float, by: Iterable[str]) -> str:
+    """PromQL: per group, each series' value now minus its value ``offset_s`` earlier (a
+    series absent then counts from zero), non-zero sums only. Exact when no restart is between
+    the two samples and the earlier one is the scrape the window counts from (the caller
+    checks both); ``family`` keeps each series' name through the arithmetic."""
+    def named(vector: str) -> str:
+        return f'label_replace({vector}, "{FAMILY}", "$1", "__name__", "(.+)")'
+
+    now, then = named(selector), named(f"{selector} offset {_duration(offset_s)}")
+    return f"sum by ({', '.join(by)}) (({now} - {then}) or ({now} unless {then})) != 0"
+
+
+def any_went_back(names: Iterable[str], range_: str, label: str) -> str:
+    """PromQL: the values of ``label`` having a counter of ``names`` that went back within
+    ``range_`` (one ``resets`` per name: the function drops names, which would collide)."""
+    each = " or ".join(f"(resets({names_selector((name,))}[{range_}]) > 0)" for name in names)
+    return f"count by ({label}) ({each})"
+
+
+def _samples(row: Mapping[str, Any]) -> list[windows.Sample]:
+    out = [(float(ts), float(value)) for ts, value in row.get("values", ())]
+    return [s for s in out if not math.isnan(s[1])]
 
 
 class PrometheusSource:
@@ -80,36 +201,35 @@ class PrometheusSource:
         default_window_s: float = 15.0,
     ) -> None:
         self._settings = settings
-        self._api = api if api is not None else connect(settings)
+        self._owned: PrometheusHttp | None = None
+        if api is None:
+            api = self._owned = PrometheusHttp(settings)
+        self._api = api
         self._label = settings.replica_label
         self._keep = set(settings.replicas)
         self.last_evaluation = last_evaluation
         self._default_window_s = default_window_s
         self._known: set[str] = set()
 
+    def close(self) -> None:
+        if self._owned is not None:
+            self._owned.close()
+
     def _query(self, expr: str, at: float) -> list[dict[str, Any]]:
         try:
-            result = self._api.custom_query(expr, params={"time": at, "timeout": "20s"})
-        except Exception as error:  # the client raises requests/its own errors: wrap them all
-            raise TemporaryError(
-                f"Prometheus query failed: {type(error).__name__}: {error}"
-            ) from None
+            result = self._api.custom_query(expr, params={"time": at, "timeout": SERVER_TIMEOUT})
+        except Exception as error:  # any client failure is an outage of this cycle
+            message = mask_credentials(f"{type(error).__name__}: {error}")
+            raise TemporaryError(f"Prometheus query failed: {message}") from None
         if not isinstance(result, list):
             raise TemporaryError(f"Prometheus answered {type(result).__name__}, not a vector")
         return result
 
-    def _by(self, expr: str, at: float, *labels: str) -> dict[tuple[str, ...], float]:
-        out: dict[tuple[str, ...], float] = {}
-        for row in self._query(expr, at):
-            metric = row.get("metric", {})
-            replica = metric.get(self._label)
-            if replica is None or (self._keep and replica not in self._keep):
-                continue
-            value = float(row["value"][1])
-            if math.isnan(value):
-                continue
-            out[(replica, *(metric.get(label, "") for label in labels))] = value
-        return out
+    def _replica(self, metric: Mapping[str, str]) -> str | None:
+        replica = metric.get(self._label)
+        if replica is None or (self._keep and replica not in self._keep):
+            return None
+        return replica
 
     def collect(self, now: float, *, on_replica: Callable[[], bool] | None = None) -> SourceResult:
         at = now - self._settings.query_delay_s
@@ -117,95 +237,135 @@ class PrometheusSource:
         if since is None or since >= at:
             since = at - self._default_window_s
         window_s = min(at - since, self._settings.max_window_s)
-        w = _window(window_s)
-        label = self._label
-        drafts_total = series(f"{mn.VLLM_NUM_DRAFTS}_total")
-        accepted_total = series(f"{mn.VLLM_ACCEPTED_PER_POS}_total")
-        tokens_total = series(f"{mn.VLLM_GENERATION_TOKENS}_total")
-        running_now = series(mn.VLLM_NUM_REQUESTS_RUNNING)
-        fresh = self._by(
-            f"max by ({label}, {mn.LABEL_MODEL}) (timestamp({drafts_total}))",
-            at,
-            mn.LABEL_MODEL,
-        )
-
-        def increase(selector: str, *by: str) -> dict[tuple[str, ...], float]:
-            group = ", ".join((label, *by))
-            return self._by(f"sum by ({group}) ({counter_delta(selector, w)})", at, *by)
-
-        drafted = increase(f"{mn.TT_DRAFT_TOKENS_PER_POS}_total", mn.LABEL_POSITION)
-        accepted = increase(accepted_total, mn.LABEL_POSITION)
-        tokens = increase(tokens_total)
-        buckets = increase(f"{mn.TT_DECODE_BATCH_SIZE}_bucket", "le")
-        batch_sum = increase(f"{mn.TT_DECODE_BATCH_SIZE}_sum")
-        batch_count = increase(f"{mn.TT_DECODE_BATCH_SIZE}_count")
-        running = self._by(f"sum by ({label}) (avg_over_time({running_now}[{w}]))", at)
-        step_sum = increase(f"{mn.TT_STEP_DURATION}_sum", mn.LABEL_K, mn.LABEL_BATCH_BUCKET)
-        step_count = increase(f"{mn.TT_STEP_DURATION}_count", mn.LABEL_K, mn.LABEL_BATCH_BUCKET)
-        resets = self._by(f"count by ({label}) {counter_went_back(drafts_total, w)}", at)
+        since = at - window_s
+        targets = self._targets(at, window_s + self._settings.stale_after_s)
+        problems: dict[str, str] = {}
+        counted: dict[str, windows.TargetWindow] = {}
+        for replica in sorted(set(targets) | self._known):
+            target = targets.get(replica)
+            if target is None:
+                problems[replica] = "no samples in Prometheus (target removed, or no data)"
+                continue
+            verdict = target.judge(since=since, at=at)
+            if isinstance(verdict, windows.Refused):
+                problems[replica] = verdict.reason
+            else:
+                counted[replica] = verdict
+        increases, went_back = self._increases(counted, at, window_s)
+        running = self._running(at, window_s) if counted else {}
         self.last_evaluation = at
+        self._known |= set(targets)
 
         observations: dict[str, Observation] = {}
-        problems: dict[str, str] = {}
-        seen: dict[str, tuple[float, str]] = {}
-        for (replica, model), timestamp in fresh.items():
-            seen[replica] = (timestamp, model)
-        for replica in sorted(self._known - set(seen)):
-            problems[replica] = "no series in Prometheus (target down or gone)"
-        for replica, (timestamp, model) in sorted(seen.items()):
+        for replica, window in sorted(counted.items()):
             if on_replica is not None and not on_replica():
                 break
-            self._known.add(replica)
-            age = at - timestamp
-            if age > self._settings.stale_after_s:
-                problems[replica] = f"last sample {age:.0f} s old"
-                continue
-            observations[replica] = Observation(
+            observations[replica] = observation_from(
+                increases.get(replica, {}),
                 replica=replica,
                 admin_url=self._settings.admin_url_template.format(replica=replica),
                 interval_s=window_s,
-                drafted=_per_position(drafted, replica),
-                accepted=_per_position(accepted, replica),
-                load_buckets=buckets_to_ranges(_cumulative(buckets, replica)),
-                mean_batch=_mean(batch_sum, batch_count, running, replica),
-                generated_tokens=tokens.get((replica,), 0.0),
-                step_times=_steps(step_sum, step_count, replica),
-                reset=resets.get((replica,), 0.0) > 0,
-                model_name=model or None,
+                running=running.get(replica),
+                reset=window.reset or replica in went_back,
+                model_name=targets[replica].model_name,
             )
         return SourceResult(observations=observations, problems=problems)
 
+    def _targets(self, at: float, range_s: float) -> dict[str, _Target]:
+        """Query (1): every target's raw ``up``, start-time and generated-token samples."""
+        selector = names_selector((UP, *START_SERIES, GENERATED))
+        out: dict[str, _Target] = {}
+        for row in self._query(f"{selector}[{_duration(range_s)}]", at):
+            metric = row.get("metric", {})
+            replica = self._replica(metric)
+            if replica is not None:
+                out.setdefault(replica, _Target()).add(canonical_name(metric["__name__"]), row)
+        return {replica: t for replica, t in out.items() if t.is_vllm or replica in self._known}
 
-def _per_position(values: dict[tuple[str, ...], float], replica: str) -> tuple[float, ...]:
-    by_position = {
-        int(key[1]): v for key, v in values.items() if key[0] == replica and key[1].isdigit()
-    }
-    size = max(by_position, default=-1) + 1
-    return tuple(max(0.0, by_position.get(p, 0.0)) for p in range(size))
+    def _increases(
+        self, counted: Mapping[str, windows.TargetWindow], at: float, window_s: float
+    ) -> tuple[dict[str, dict[CounterKey, float]], set[str]]:
+        """Each counted replica's increases per counter series; and the replicas whose
+        counters went back (they restarted)."""
+        by = (self._label, FAMILY, *KEY_LABELS)
+        selector = names_selector(COUNTERS)
+        clean = {r for r, w in counted.items() if w.clean}
+        increases: dict[str, dict[CounterKey, float]] = {}
+        went_back: set[str] = set()
+        if clean:
+            earliest = min(w.base for r, w in counted.items() if r in clean and w.base is not None)
+            resets = any_went_back(COUNTERS, _back_to(earliest, at), self._label)
+            dropped = {r for row in self._query(resets, at) if (r := self._replica(row["metric"]))}
+            for row in self._query(exact_differences(selector, window_s, by), at):
+                metric = row["metric"]
+                replica = self._replica(metric)
+                if replica not in clean:
+                    continue
+                value = float(row["value"][1])
+                if value < 0:
+                    dropped.add(replica)
+                key = counter_key(canonical_name(metric[FAMILY]), metric)
+                increases.setdefault(replica, {})[key] = value
+            clean -= dropped
+        raw = {r: w for r, w in counted.items() if r not in clean}
+        if raw:
+            for replica in raw:
+                increases.pop(replica, None)
+            bases = [w.base if w.base is not None else at - window_s for w in raw.values()]
+            names = "|".join(_promql_regex(r) for r in sorted(raw))
+            matrix = f"{names_selector(COUNTERS, **{self._label: names})}"
+            for row in self._query(f"{matrix}[{_back_to(min(bases), at)}]", at):
+                metric = row["metric"]
+                replica = self._replica(metric)
+                if replica not in raw:
+                    continue
+                value, back = windows.series_increase(_samples(row), raw[replica])
+                key = counter_key(canonical_name(metric["__name__"]), metric)
+                found = increases.setdefault(replica, {})
+                found[key] = found.get(key, 0.0) + value
+                if back:
+                    went_back.add(replica)
+        return increases, went_back
+
+    def _running(self, at: float, window_s: float) -> dict[str, float]:
+        """Query (5): each replica's running requests averaged over the window."""
+        selector = names_selector((RUNNING,))
+        expr = f"sum by ({self._label}) (avg_over_time({selector}[{_duration(window_s)}]))"
+        out: dict[str, float] = {}
+        for row in self._query(expr, at):
+            replica = self._replica(row["metric"])
+            value = float(row["value"][1])
+            if replica is not None and not math.isnan(value):
+                out[replica] = value
+        return out
 
 
-def _cumulative(values: dict[tuple[str, ...], float], replica: str) -> dict[float, float]:
-    return {float(key[1]): v for key, v in values.items() if key[0] == replica}
+def _promql_regex(value: str) -> str:
+    """``value`` as an exact RE2 pattern inside a PromQL raw string (backticks)."""
+    return "".join(c if c.isalnum() or c == "_" else f"\\{c}" for c in value)
 
 
-def _mean(
-    total: dict[tuple[str, ...], float],
-    count: dict[tuple[str, ...], float],
-    running: dict[tuple[str, ...], float],
-    replica: str,
-) -> float | None:
-    n = count.get((replica,), 0.0)
-    if n > 0:
-        return total.get((replica,), 0.0) / n
-    return running.get((replica,))
+class _Target:
+    """One target's raw samples from query (1)."""
 
+    def __init__(self) -> None:
+        self.up: list[list[windows.Sample]] = []
+        self.starts: list[list[windows.Sample]] = []
+        self.is_vllm = False
+        self.model_name: str | None = None
 
-def _steps(
-    total: dict[tuple[str, ...], float], count: dict[tuple[str, ...], float], replica: str
-) -> dict[tuple[int, str], tuple[float, float]]:
-    out: dict[tuple[int, str], tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
-    for key, n in count.items():
-        if key[0] != replica or not key[1].isdigit() or n <= 0:
-            continue
-        out[(int(key[1]), key[2])] = (total.get(key, 0.0), n)
-    return dict(out)
+    def add(self, name: str, row: Mapping[str, Any]) -> None:
+        if name == UP:
+            self.up.append(_samples(row))
+        elif name == GENERATED:
+            self.is_vllm = True
+            self.model_name = row["metric"].get("model_name", self.model_name)
+        else:
+            self.starts.append(_samples(row))
+
+    def judge(self, *, since: float, at: float) -> windows.TargetWindow | windows.Refused:
+        if len(self.up) != 1:
+            return windows.Refused(
+                f"{len(self.up)} Prometheus targets carry this replica's label; need exactly one"
+            )
+        return windows.judge(self.up[0], self.starts, since=since, at=at)
