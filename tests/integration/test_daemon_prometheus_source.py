@@ -6,22 +6,34 @@ empty or after an outage, a newly added target, Prometheus gone."""
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
 from tabletune.daemon.observation import Observation, SourceResult
-from tabletune.daemon.prometheus_source import PrometheusSource
-from tabletune.daemon.settings import load_settings
+from tabletune.daemon.prometheus_source import PrometheusHttp, PrometheusSource
+from tabletune.daemon.settings import SourceSettings, load_settings
 from tabletune.errors import TemporaryError
 from tests.integration.conftest import PrometheusFactory
-from tests.support.servers import PrometheusServer, free_port, running
+from tests.support.servers import (
+    PROMETHEUS_BINARY,
+    PrometheusServer,
+    free_port,
+    poll_until,
+    prometheus_config,
+    require_binary,
+    running,
+    terminate,
+)
 from tests.unit.test_daemon_scrape import FakeVllm
 
 pytestmark = pytest.mark.integration
@@ -334,3 +346,104 @@ def test_a_newly_added_target_is_refused_once_then_counted_from_its_first_window
     second = source.collect(time.time())
     assert_exact(observed(second, old.target), 240)
     assert_exact(observed(second, new.target), 320)
+
+
+# bcrypt of "s3cret" (cost 4, fast to check) for Prometheus's web config
+PASSWORD = "s3cret"
+PASSWORD_HASH = "$2b$04$IrCPvZ.4tsuwkknmXhfwVuGFhuvvvkjrUzH2bZ.EDBf5iQVUcRgW2"
+
+
+@contextmanager
+def secured_prometheus(workdir: Path, target: str) -> Iterator[tuple[str, Path]]:
+    """A real Prometheus serving HTTPS (a self-signed certificate made with openssl) behind
+    basic auth (user ``ops``); yields its URL and the certificate (its own CA)."""
+    binary = require_binary(PROMETHEUS_BINARY)
+    openssl = require_binary("openssl")
+    port = free_port()
+    cert, key = workdir / "cert.pem", workdir / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    web = {
+        "tls_server_config": {"cert_file": str(cert), "key_file": str(key)},
+        "basic_auth_users": {"ops": PASSWORD_HASH},
+    }
+    (workdir / "web.yml").write_text(yaml.safe_dump(web))
+    config = prometheus_config([target], scrape_interval=SCRAPE, scrape_timeout=SCRAPE)
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    url = f"https://127.0.0.1:{port}"
+    with (workdir / "prometheus.log").open("wb") as log:
+        process = subprocess.Popen(
+            [binary, f"--config.file={workdir / 'prometheus.yml'}",
+             f"--storage.tsdb.path={workdir / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+             f"--web.config.file={workdir / 'web.yml'}", "--log.level=warn"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            ready = ssl.create_default_context(cafile=str(cert))
+
+            def answers() -> bool:
+                assert process.poll() is None, "Prometheus exited"
+                try:
+                    response = httpx.get(f"{url}/-/ready", verify=ready, auth=("ops", PASSWORD))
+                except httpx.HTTPError:
+                    return False
+                return response.status_code == 200
+
+            poll_until(answers, timeout_s=30, what="secured Prometheus ready")
+            yield url, cert
+        finally:
+            terminate(process)
+
+
+def test_prometheus_over_tls_with_basic_auth(
+    tmp_path: Path, exporters: Callable[[], Exporter]
+) -> None:
+    engine = exporters()
+    vllm = fresh_vllm()
+    engine.serve(vllm)
+    with secured_prometheus(tmp_path, engine.target) as (url, cert):
+
+        def settings(**env: str) -> SourceSettings:
+            values = {"PROMETHEUS_URL": url, "QUERY_DELAY_S": "0", **env}
+            return load_settings({f"TABLETUNE_SOURCE__{k}": v for k, v in values.items()}).source
+
+        good = settings(
+            PROMETHEUS_USERNAME="ops", PROMETHEUS_PASSWORD=PASSWORD, PROMETHEUS_CA_FILE=str(cert)
+        )
+        client = PrometheusHttp(good)
+        poll_until(lambda: client.custom_query("up == 1"), timeout_s=20, what="a scrape")
+        time.sleep(0.35)
+        source = PrometheusSource(settings=good, api=client, last_evaluation=time.time())
+        expected = traffic(vllm, 800)
+
+        def landed() -> bool:
+            rows = client.custom_query(GENERATED)
+            return bool(rows) and float(rows[0]["value"][1]) == expected
+
+        poll_until(landed, timeout_s=20, what="traffic in Prometheus")
+        time.sleep(0.35)
+        assert_exact(observed(source.collect(time.time()), engine.target), 800)
+
+        in_url = settings(
+            PROMETHEUS_URL=url.replace("https://", f"https://ops:{PASSWORD}@"),
+            PROMETHEUS_CA_FILE=str(cert),
+        )
+        assert PrometheusHttp(in_url).custom_query("up == 1")
+        failures = {
+            "HTTP 401": settings(
+                PROMETHEUS_USERNAME="ops",
+                PROMETHEUS_PASSWORD="wrong-" + PASSWORD,
+                PROMETHEUS_CA_FILE=str(cert),
+            ),
+            "CERTIFICATE_VERIFY_FAILED": settings(  # verified by default: self-signed refused
+                PROMETHEUS_USERNAME="ops", PROMETHEUS_PASSWORD=PASSWORD
+            ),
+        }
+        for message, bad in failures.items():
+            with pytest.raises(TemporaryError, match=message) as raised:
+                PrometheusSource(settings=bad).collect(time.time())
+            assert PASSWORD not in str(raised.value)
