@@ -195,7 +195,7 @@ def test_a_window_is_refused_only_when_prometheus_cannot_vouch_for_it(
         and since - before[-1][0] <= allowance
         and last is not None
         and at - last[0] <= allowance
-        and last[1] == 1.0
+        and any(v == 1.0 for ts, v in up if since < ts <= at)
         and any(v == 1.0 for _, v in before)
     )
     if vouched:
@@ -239,10 +239,18 @@ def test_a_prometheus_gap_inside_the_window_still_counts_exactly() -> None:
     assert isinstance(verdict, TargetWindow) and total == 80
 
 
-def test_the_last_scrape_failed_or_is_old() -> None:
+def test_a_failed_last_scrape_ends_the_window_at_the_one_before() -> None:
     answered = tuple(i != 15 for i in range(20))
-    verdict, _, _ = count(steady(answered=answered), T0 + 10.5, T0 + 15.5)
-    assert isinstance(verdict, Refused) and "failed" in verdict.reason
+    verdict, total, _ = count(steady(answered=answered), T0 + 10.5, T0 + 15.5)
+    assert isinstance(verdict, TargetWindow) and verdict.end == T0 + 14 and total == 40
+    verdict, total, _ = count(steady(answered=answered), T0 + 15.5, T0 + 17.5)
+    assert isinstance(verdict, TargetWindow) and verdict.base == T0 + 14 and total == 20
+
+
+def test_a_target_down_for_the_whole_window_or_prometheus_behind_is_refused() -> None:
+    answered = tuple(not 11 <= i <= 16 for i in range(20))
+    verdict, _, _ = count(steady(answered=answered), T0 + 11.5, T0 + 15.5)
+    assert isinstance(verdict, Refused) and "down" in verdict.reason
     recorded = tuple(i < 13 for i in range(20))
     verdict, _, _ = count(steady(recorded=recorded), T0 + 10.5, T0 + 15.5)
     assert isinstance(verdict, Refused) and "last" in verdict.reason

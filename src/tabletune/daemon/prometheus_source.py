@@ -21,7 +21,8 @@ from __future__ import annotations
 import base64
 import math
 import ssl
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,8 +45,8 @@ from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.daemon.settings import SourceSettings, mask_credentials
 from tabletune.errors import InputError, TemporaryError
 
-FAMILY = "family"  # label that carries a counter's name through PromQL arithmetic
 UP = "up"
+PARALLEL_QUERIES = 8
 SERVER_TIMEOUT = "20s"
 
 
@@ -168,13 +169,10 @@ def _back_to(timestamp: float, at: float) -> str:
 def exact_differences(selector: str, offset_s: float, by: Iterable[str]) -> str:
     """PromQL: per group, each series' value now minus its value ``offset_s`` earlier (a
     series absent then counts from zero), non-zero sums only. Exact when no restart is between
-    the two samples and the earlier one is the scrape the window counts from (the caller
-    checks both); ``family`` keeps each series' name through the arithmetic."""
-    def named(vector: str) -> str:
-        return f'label_replace({vector}, "{FAMILY}", "$1", "__name__", "(.+)")'
-
-    now, then = named(selector), named(f"{selector} offset {_duration(offset_s)}")
-    return f"sum by ({', '.join(by)}) (({now} - {then}) or ({now} unless {then})) != 0"
+    the two samples and the earlier one is the scrape the window counts from, which
+    succeeded, so a series it lacked is new (the caller checks all three)."""
+    then = f"{selector} offset {_duration(offset_s)}"
+    return f"sum by ({', '.join(by)}) (({selector} - {then}) or {selector}) != 0"
 
 
 def any_went_back(names: Iterable[str], range_: str, label: str) -> str:
@@ -231,6 +229,11 @@ class PrometheusSource:
             return None
         return replica
 
+    def _query_all(self, exprs: Sequence[str], at: float) -> list[list[dict[str, Any]]]:
+        """The queries at once: Prometheus runs them on several cores."""
+        with ThreadPoolExecutor(max_workers=min(len(exprs), PARALLEL_QUERIES)) as pool:
+            return list(pool.map(lambda expr: self._query(expr, at), exprs))
+
     def collect(self, now: float, *, on_replica: Callable[[], bool] | None = None) -> SourceResult:
         at = now - self._settings.query_delay_s
         since = self.last_evaluation
@@ -251,8 +254,7 @@ class PrometheusSource:
                 problems[replica] = verdict.reason
             else:
                 counted[replica] = verdict
-        increases, went_back = self._increases(counted, at, window_s)
-        running = self._running(at, window_s) if counted else {}
+        increases, running, restarted = self._increases(counted, at, window_s)
         self.last_evaluation = at
         self._known |= set(targets)
 
@@ -266,7 +268,7 @@ class PrometheusSource:
                 admin_url=self._settings.admin_url_template.format(replica=replica),
                 interval_s=window_s,
                 running=running.get(replica),
-                reset=window.reset or replica in went_back,
+                reset=window.reset or replica in restarted,
                 model_name=targets[replica].model_name,
             )
         return SourceResult(observations=observations, problems=problems)
@@ -284,59 +286,70 @@ class PrometheusSource:
 
     def _increases(
         self, counted: Mapping[str, windows.TargetWindow], at: float, window_s: float
-    ) -> tuple[dict[str, dict[CounterKey, float]], set[str]]:
-        """Each counted replica's increases per counter series; and the replicas whose
-        counters went back (they restarted)."""
-        by = (self._label, FAMILY, *KEY_LABELS)
-        selector = names_selector(COUNTERS)
+    ) -> tuple[dict[str, dict[CounterKey, float]], dict[str, float], set[str]]:
+        """Each counted replica's increases per counter series, its mean running requests,
+        and the replicas that restarted in their window (seen in their counters)."""
+        if not counted:
+            return {}, {}, set()
+        by = (self._label, *KEY_LABELS)
         clean = {r for r, w in counted.items() if w.clean}
+        exprs = [exact_differences(names_selector((name,)), window_s, by) for name in COUNTERS]
+        exprs.append(
+            f"sum by ({self._label}) "
+            f"(avg_over_time({names_selector((RUNNING,))}[{_duration(window_s)}]))"
+        )
+        # Without a start time read at both ends, only the counters can show a restart.
+        unvouched = [counted[r].base for r in clean if not counted[r].starts_vouch]
+        if unvouched:
+            earliest = min(base for base in unvouched if base is not None)
+            exprs.append(any_went_back(COUNTERS, _back_to(earliest, at), self._label))
+        results = self._query_all(exprs, at)
         increases: dict[str, dict[CounterKey, float]] = {}
-        went_back: set[str] = set()
-        if clean:
-            earliest = min(w.base for r, w in counted.items() if r in clean and w.base is not None)
-            resets = any_went_back(COUNTERS, _back_to(earliest, at), self._label)
-            dropped = {r for row in self._query(resets, at) if (r := self._replica(row["metric"]))}
-            for row in self._query(exact_differences(selector, window_s, by), at):
-                metric = row["metric"]
-                replica = self._replica(metric)
+        restarted: set[str] = set()
+        for name, rows in zip(COUNTERS, results, strict=False):
+            for row in rows:
+                replica = self._replica(row["metric"])
                 if replica not in clean:
                     continue
                 value = float(row["value"][1])
                 if value < 0:
-                    dropped.add(replica)
-                key = counter_key(canonical_name(metric[FAMILY]), metric)
-                increases.setdefault(replica, {})[key] = value
-            clean -= dropped
-        raw = {r: w for r, w in counted.items() if r not in clean}
+                    restarted.add(replica)
+                increases.setdefault(replica, {})[counter_key(name, row["metric"])] = value
+        running = {
+            replica: value
+            for row in results[len(COUNTERS)]
+            if (replica := self._replica(row["metric"])) is not None
+            and not math.isnan(value := float(row["value"][1]))
+        }
+        if unvouched:
+            restarted |= {r for row in results[-1] if (r := self._replica(row["metric"]))}
+        raw = {r: w for r, w in counted.items() if r not in clean or r in restarted}
         if raw:
-            for replica in raw:
-                increases.pop(replica, None)
-            bases = [w.base if w.base is not None else at - window_s for w in raw.values()]
-            names = "|".join(_promql_regex(r) for r in sorted(raw))
-            matrix = f"{names_selector(COUNTERS, **{self._label: names})}"
-            for row in self._query(f"{matrix}[{_back_to(min(bases), at)}]", at):
-                metric = row["metric"]
-                replica = self._replica(metric)
-                if replica not in raw:
-                    continue
-                value, back = windows.series_increase(_samples(row), raw[replica])
-                key = counter_key(canonical_name(metric["__name__"]), metric)
-                found = increases.setdefault(replica, {})
-                found[key] = found.get(key, 0.0) + value
-                if back:
-                    went_back.add(replica)
-        return increases, went_back
+            increases.update(self._raw_increases(raw, at, at - window_s, restarted))
+        return increases, running, restarted
 
-    def _running(self, at: float, window_s: float) -> dict[str, float]:
-        """Query (5): each replica's running requests averaged over the window."""
-        selector = names_selector((RUNNING,))
-        expr = f"sum by ({self._label}) (avg_over_time({selector}[{_duration(window_s)}]))"
-        out: dict[str, float] = {}
-        for row in self._query(expr, at):
-            replica = self._replica(row["metric"])
-            value = float(row["value"][1])
-            if replica is not None and not math.isnan(value):
-                out[replica] = value
+    def _raw_increases(
+        self, raw: Mapping[str, windows.TargetWindow], at: float, since: float, restarted: set[str]
+    ) -> dict[str, dict[CounterKey, float]]:
+        """Query (4): the counters of the replicas in ``raw`` (window from ``since`` to
+        ``at``), from their raw samples; adds those whose counters went back to ``restarted``."""
+        since = min(w.base if w.base is not None else since for w in raw.values())
+        names = "|".join(_promql_regex(r) for r in sorted(raw))
+        exprs = [
+            f"{names_selector((name,), **{self._label: names})}[{_back_to(since, at)}]"
+            for name in COUNTERS
+        ]
+        out: dict[str, dict[CounterKey, float]] = {replica: {} for replica in raw}
+        for name, rows in zip(COUNTERS, self._query_all(exprs, at), strict=True):
+            for row in rows:
+                replica = self._replica(row["metric"])
+                if replica is None or replica not in raw:
+                    continue
+                value, went_back = windows.series_increase(_samples(row), raw[replica])
+                key = counter_key(name, row["metric"])
+                out[replica][key] = out[replica].get(key, 0.0) + value
+                if went_back:
+                    restarted.add(replica)
         return out
 
 

@@ -3,15 +3,16 @@
 Prometheus keeps, per target, what each scrape read, at the scrape's timestamp, and writes
 ``up`` (1 read, 0 failed) at every scrape. A window ``(since, at]`` of one target counts from
 its *base* scrape (the last successful one at or before ``since``) to its *end* scrape (the
-last one at or before ``at``): per series, the value at the end minus the value at the base,
-adding across restarts (after a restart the value counts from zero). Adjacent windows share a
-scrape, so they add up exactly; nothing is extrapolated (``increase()`` is not used).
+last successful one at or before ``at``): per series, the value at the end minus the value at
+the base, adding across restarts (after a restart the value counts from zero). Adjacent
+windows share a scrape, so they add up exactly; nothing is extrapolated (``increase()`` is not
+used).
 
-A window is refused, never counted from zero, when Prometheus cannot vouch for its start:
-no scrape within the allowance before ``since`` (Prometheus was down, restarted empty, or the
-target is new), no recent scrape at its end, or a failed last scrape. Restarts are seen in the
-start series (process start time, ``_created``: a new value is a new process) or as a counter
-that went back.
+A window is refused, never counted from zero, when Prometheus cannot vouch for it: no scrape
+within the allowance before ``since`` (Prometheus was down, restarted empty, or the target is
+new), no recent scrape at its end (Prometheus down or behind), or no successful scrape in it
+(the target is down). Restarts are seen in the start series (process start time,
+``_created``: a new value is a new process) or as a counter that went back.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ class TargetWindow:
     """A window of one target that can be counted exactly."""
 
     base: float | None  # the scrape counted from; None: the process started inside the window
-    end: float  # the last scrape of the window (successful)
+    end: float  # the last successful scrape of the window
     restarts: tuple[float, ...]  # first scrape of each new process after the base
-    clean: bool  # base is the last scrape before the window, and no restart was seen
+    clean: bool  # base and end are the last scrapes before and in the window; no restart seen
+    starts_vouch: bool = False  # a start series was read at base and end: no restart hides
 
     @property
     def reset(self) -> bool:
@@ -62,7 +64,7 @@ def restart_marks(starts: Iterable[Sequence[Sample]]) -> list[float]:
     return sorted(marks)
 
 
-def _started_after(starts: Iterable[Sequence[Sample]], scrape: float, since: float) -> bool:
+def _started_after(starts: Sequence[Sequence[Sample]], scrape: float, since: float) -> bool:
     """Some start series read at ``scrape`` says the process started after ``since``."""
     return any(
         abs(ts - scrape) <= SAME_SCRAPE_S and value > since
@@ -95,24 +97,32 @@ def judge(
     last = [s for s in up if s[0] <= at][-1]
     if at - last[0] > allowance:
         return Refused(f"no scrape in the last {at - last[0]:.3g} s (Prometheus down or behind)")
-    if last[1] != 1:
-        return Refused("the target's last scrape failed (up=0)")
+    answered = [s[0] for s in up if since < s[0] <= at and s[1] == 1]
+    if not answered:
+        return Refused("the target answered no scrape in the window (up=0): it is down")
+    end = answered[-1]  # a failed scrape after it reads nothing: the next window starts here
     succeeded = [s[0] for s in before if s[1] == 1]
     marks = restart_marks(starts)
     if succeeded:
         base: float | None = succeeded[-1]
         after = succeeded[-1]
     else:
-        first = next(s[0] for s in up if since < s[0] <= at and s[1] == 1)
-        if not _started_after(starts, first, since):
+        if not _started_after(starts, answered[0], since):
             return Refused(
                 f"the target was down for the {since - up[0][0]:.3g} s before the window and "
                 "no start time shows a restart since: its counts at the window start are unknown"
             )
-        base, after = None, first
-    restarts = tuple(m for m in marks if after < m <= last[0])
-    clean = base is not None and base == before[-1][0] and not restarts
-    return TargetWindow(base=base, end=last[0], restarts=restarts, clean=clean)
+        base, after = None, answered[0]
+    restarts = tuple(m for m in marks if after < m <= end)
+    clean = base == before[-1][0] and end == last[0] and not restarts
+    vouch = base is not None and any(
+        _read_at(series, base) and _read_at(series, end) for series in starts
+    )
+    return TargetWindow(base=base, end=end, restarts=restarts, clean=clean, starts_vouch=vouch)
+
+
+def _read_at(series: Sequence[Sample], scrape: float) -> bool:
+    return any(abs(ts - scrape) <= SAME_SCRAPE_S for ts, _ in series)
 
 
 def series_increase(samples: Sequence[Sample], window: TargetWindow) -> tuple[float, bool]:
