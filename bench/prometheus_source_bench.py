@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from tests.support.servers import free_port, prometheus  # noqa: E402
+from tests.support.servers import TextServer, free_port, prometheus  # noqa: E402
 
 from bench.common import environment, write_result  # noqa: E402
 from tabletune import metric_names as mn  # noqa: E402
@@ -96,28 +95,18 @@ class Replicas:
 
 @contextmanager
 def exporter(replicas: Replicas) -> Iterator[int]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            replica = parse_qs(urlsplit(self.path).query)["replica"][0]
-            body = replicas.text(int(replica.removeprefix("r")))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    """One server answering for every replica: ``/metrics?replica=r<i>``."""
 
-        def log_message(self, *args: object) -> None:
-            pass
+    def page(path: str) -> bytes:
+        replica = parse_qs(urlsplit(path).query)["replica"][0]
+        return replicas.text(int(replica.removeprefix("r")))
 
     port = free_port()
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = TextServer(port, page)
     try:
         yield port
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def prometheus_config(count: int, port: int, scrape_s: float) -> dict[str, Any]:

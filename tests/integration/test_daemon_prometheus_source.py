@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -27,6 +26,7 @@ from tests.integration.conftest import PrometheusFactory
 from tests.support.servers import (
     PROMETHEUS_BINARY,
     PrometheusServer,
+    TextServer,
     free_port,
     poll_until,
     prometheus_config,
@@ -50,35 +50,18 @@ class Exporter:
     def __init__(self, port: int) -> None:
         self.port = port
         self.target = f"127.0.0.1:{port}"
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: TextServer | None = None
 
     def serve(self, vllm: FakeVllm, *, created: bool = True) -> None:
-        def text() -> bytes:
+        def page(path: str) -> bytes:
             lines = vllm.text().splitlines()
             return "\n".join(x for x in lines if created or "_created" not in x).encode() + b"\n"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = text()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._server = TextServer(self.port, page)
 
     def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
+        if self._server is not None:
+            self._server.stop()
             self._server = None
 
 
@@ -99,6 +82,30 @@ def fresh_vllm(*, started: float | None = 1_000.0) -> FakeVllm:
     vllm = FakeVllm(started=started)
     vllm.traffic("0", drafts=0, batch=1, k=3, step_s=0.01)  # the engine's series exist, at zero
     return vllm
+
+
+@dataclass
+class OneEngine:
+    engine: Exporter
+    vllm: FakeVllm
+    prom: PrometheusServer
+    source: PrometheusSource
+
+
+def one_engine(
+    prometheus_factory: PrometheusFactory,
+    exporters: Callable[[], Exporter],
+    *,
+    created: bool = True,
+) -> OneEngine:
+    """An engine (its series at zero) scraped every 100 ms, and a source whose first window
+    starts now."""
+    engine = exporters()
+    vllm = fresh_vllm()
+    engine.serve(vllm, created=created)
+    prom = prometheus_factory([engine.target], scrape_interval=SCRAPE, scrape_timeout=SCRAPE)
+    settle(prom, 0)
+    return OneEngine(engine, vllm, prom, source_for(prom))
 
 
 def source_for(prom: PrometheusServer, **env: str) -> PrometheusSource:
@@ -147,12 +154,8 @@ def assert_exact(obs: Observation, drafts: int) -> None:
 def test_windows_add_up_exactly_and_a_restart_counts_from_zero(
     prometheus_factory: PrometheusFactory, exporters: Callable[[], Exporter]
 ) -> None:
-    engine = exporters()
-    vllm = fresh_vllm()
-    engine.serve(vllm)
-    prom = prometheus_factory([engine.target], scrape_interval=SCRAPE, scrape_timeout=SCRAPE)
-    settle(prom, 0)
-    source = source_for(prom)
+    rig = one_engine(prometheus_factory, exporters)
+    engine, vllm, prom, source = rig.engine, rig.vllm, rig.prom, rig.source
     settle(prom, traffic(vllm, 1200))
     first = observed(source.collect(time.time()), engine.target)
     settle(prom, traffic(vllm, 2400))
@@ -202,12 +205,8 @@ def test_an_engine_restart_with_downtime_across_a_window_is_counted_from_zero(
     created: bool,
     evidence: str,
 ) -> None:
-    engine = exporters()
-    vllm = fresh_vllm()
-    engine.serve(vllm, created=created)
-    prom = prometheus_factory([engine.target], scrape_interval=SCRAPE, scrape_timeout=SCRAPE)
-    settle(prom, 0)
-    source = source_for(prom)
+    rig = one_engine(prometheus_factory, exporters, created=created)
+    engine, vllm, prom, source = rig.engine, rig.vllm, rig.prom, rig.source
     settle(prom, traffic(vllm, 2400))
     assert_exact(observed(source.collect(time.time()), engine.target), 2400)
     engine.stop()
@@ -240,10 +239,14 @@ def test_an_engine_down_longer_than_the_lookback_counts_only_with_a_start_time(
     prom = prometheus_factory(targets, scrape_interval=SCRAPE, scrape_timeout=SCRAPE)
     settle(prom, 0)
     source = source_for(prom, STALE_AFTER_S="1")  # the query reaches 1 s before a window
-    for vllm in vllms.values():
-        traffic(vllm, 2400)
-    settle(prom, 2 * 2400 * 1.875)
-    first = source.collect(time.time())
+
+    def window(drafts: int, generated_since_start: int) -> SourceResult:
+        for vllm in vllms.values():
+            traffic(vllm, drafts)
+        settle(prom, 2 * generated_since_start * 1.875)
+        return source.collect(time.time())
+
+    first = window(2400, 2400)
     for e in engines:
         assert_exact(observed(first, e.target), 2400)
         e.stop()
@@ -251,23 +254,16 @@ def test_an_engine_down_longer_than_the_lookback_counts_only_with_a_start_time(
     time.sleep(1.5)
     source.collect(time.time())  # the down window
     time.sleep(1.0)
-    restarted = {
-        e: fresh_vllm(started=None if s is None else time.time()) for e, s in engines.items()
-    }
-    for e, vllm in restarted.items():
+    vllms = {e: fresh_vllm(started=None if s is None else time.time()) for e, s in engines.items()}
+    for e, vllm in vllms.items():
         e.serve(vllm, created=e is with_start)
-        traffic(vllm, 800)
-    settle(prom, 2 * 800 * 1.875)
-    back = source.collect(time.time())
+    back = window(800, 800)
     # The last successful scrape before the window is out of reach: the engine exporting its
     # start time (after the window start) is counted from zero; the other is refused.
     assert observed(back, with_start.target).reset
     assert_exact(observed(back, with_start.target), 800)
     assert "unknown" in back.problems[counters_only.target]
-    for vllm in restarted.values():
-        traffic(vllm, 160)
-    settle(prom, 2 * 960 * 1.875)
-    again = source.collect(time.time())
+    again = window(160, 960)
     for e in engines:
         assert_exact(observed(again, e.target), 160)
 
@@ -290,12 +286,8 @@ def restart_prometheus(
 def test_prometheus_restarted_refuses_or_counts_exactly(
     prometheus_factory: PrometheusFactory, exporters: Callable[[], Exporter], empty: bool
 ) -> None:
-    engine = exporters()
-    vllm = fresh_vllm()
-    engine.serve(vllm)
-    prom = prometheus_factory([engine.target], scrape_interval=SCRAPE, scrape_timeout=SCRAPE)
-    settle(prom, 0)
-    source = source_for(prom)
+    rig = one_engine(prometheus_factory, exporters)
+    engine, vllm, prom, source = rig.engine, rig.vllm, rig.prom, rig.source
     settle(prom, traffic(vllm, 1200))
     assert_exact(observed(source.collect(time.time()), engine.target), 1200)
     prom.process.terminate()
