@@ -39,7 +39,8 @@ from tests.support.servers import TextServer, free_port, prometheus  # noqa: E40
 from bench.common import environment, write_result  # noqa: E402
 from tabletune import metric_names as mn  # noqa: E402
 from tabletune.daemon.counters import CELL_FIELDS  # noqa: E402
-from tabletune.daemon.prometheus_source import PrometheusHttp, PrometheusSource, QueryApi  # noqa: E402
+from tabletune.daemon.prometheus_http import PrometheusHttp, QueryApi  # noqa: E402
+from tabletune.daemon.prometheus_source import PrometheusSource  # noqa: E402
 from tabletune.daemon.settings import load_settings  # noqa: E402
 from tabletune.step_cells import cell_label, cells_up_to  # noqa: E402
 

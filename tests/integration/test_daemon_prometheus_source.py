@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from tabletune.daemon.observation import Observation, SourceResult
-from tabletune.daemon.prometheus_source import PrometheusHttp, PrometheusSource
+from tabletune.daemon.prometheus_http import PrometheusHttp
+from tabletune.daemon.prometheus_source import PrometheusSource
 from tabletune.daemon.settings import SourceSettings, load_settings
 from tabletune.errors import TemporaryError
 from tests.integration.conftest import PrometheusFactory

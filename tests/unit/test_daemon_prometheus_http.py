@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tabletune.daemon.prometheus_source import PrometheusHttp, PrometheusSource, tls_verify
+from tabletune.daemon.prometheus_http import PrometheusHttp, tls_verify
+from tabletune.daemon.prometheus_source import PrometheusSource
 from tabletune.daemon.settings import SourceSettings, load_settings
 from tabletune.errors import InputError, TemporaryError
 

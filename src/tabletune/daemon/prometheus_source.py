@@ -1,32 +1,29 @@
 """The Prometheus source: each replica's exact counter increases over ``(last evaluation, now]``.
 
 Windows are adjacent and counted from Prometheus's raw samples (``windows``): the value at the
-window's last scrape minus the value at the scrape before it starts, across restarts; nothing
-is extrapolated. A window Prometheus cannot vouch for (it was down or restarted empty, the
-target is new, the last scrape failed) is refused for that replica: a problem, no observation.
+window's last successful scrape minus the value at the last successful scrape before it,
+across restarts; nothing is extrapolated. A window Prometheus cannot vouch for (it was down or
+restarted empty, the target is new or down) is refused for that replica: a problem with its
+reason, no observation.
 
-One cycle makes at most five queries whatever the number of replicas, each over every replica
-at once: (1) the raw ``up`` and start-time samples of every target (a few series per target),
-which decide each window (``windows.judge``); (2) for the windows without a restart, the
-replicas whose counters went back anyway; (3) for the others, the difference of every counter
-between the window's two scrapes, computed by Prometheus, non-zero rows only (exactly the raw
-rule when there is no restart between them); (4) only for replicas with a restart (or not
-counted from their last scrape), their counters' raw samples, counted in Python; (5) the mean
-running-requests gauge. Replicas are the values of one target label (``instance`` by default).
-Any failed query is an outage for the whole cycle: no push.
+Every query covers every replica at once (per counter family, never per replica) and those of
+one step run together, so a cycle makes the same few queries for 1 or 1,000 replicas: (1) the
+raw ``up`` and start-time samples of every target (a few series per target), which decide each
+window (``windows.judge``); (2) per family, the difference of every counter between the
+window's two scrapes, computed by Prometheus, non-zero rows only, used where no restart can be
+between them (exactly the raw rule there); the running-requests mean; for windows no start
+time vouches for, the replicas whose counters went back; (3) only for replicas with a restart
+or a window not between the last scrapes, per family, their counters' raw samples, counted in
+Python. Replicas are the values of one target label (``instance`` by default). Any failed query
+is an outage for the whole cycle: no push.
 """
 
 from __future__ import annotations
 
-import base64
 import math
-import ssl
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, Protocol
-
-import httpx
+from typing import Any
 
 from tabletune.daemon import windows
 from tabletune.daemon.counters import (
@@ -42,111 +39,13 @@ from tabletune.daemon.counters import (
     observation_from,
 )
 from tabletune.daemon.observation import Observation, SourceResult
+from tabletune.daemon.prometheus_http import PrometheusHttp, QueryApi
 from tabletune.daemon.settings import SourceSettings, mask_credentials
-from tabletune.errors import InputError, TemporaryError
+from tabletune.errors import TemporaryError
 
 UP = "up"
 PARALLEL_QUERIES = 8
 SERVER_TIMEOUT = "20s"
-
-
-class QueryApi(Protocol):
-    """An instant query: the ``result`` list of Prometheus's answer (vector or matrix)."""
-
-    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any: ...
-
-
-def _secret_file(path: Path, variable: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8").strip()
-    except OSError as error:
-        raise InputError(f"{variable}: cannot read {path}: {error.strerror}") from None
-
-
-class PrometheusAuth(httpx.Auth):
-    """Basic or bearer credentials from the settings; secret files are read on each request,
-    so a rotated token (a Kubernetes service-account token) is picked up without a restart."""
-
-    def __init__(self, settings: SourceSettings) -> None:
-        self._settings = settings
-        self.header()  # an unreadable file stops the daemon at start, naming its variable
-
-    def header(self) -> str | None:
-        s = self._settings
-        if s.prometheus_bearer_token is not None:
-            return f"Bearer {s.prometheus_bearer_token.get_secret_value()}"
-        if s.prometheus_bearer_token_file is not None:
-            token = _secret_file(
-                s.prometheus_bearer_token_file, "TABLETUNE_SOURCE__PROMETHEUS_BEARER_TOKEN_FILE"
-            )
-            return f"Bearer {token}"
-        if s.prometheus_username is None:
-            return None
-        if s.prometheus_password_file is not None:
-            password = _secret_file(
-                s.prometheus_password_file, "TABLETUNE_SOURCE__PROMETHEUS_PASSWORD_FILE"
-            )
-        elif s.prometheus_password is not None:
-            password = s.prometheus_password.get_secret_value()
-        else:
-            password = ""
-        pair = f"{s.prometheus_username}:{password}".encode()
-        return f"Basic {base64.b64encode(pair).decode('ascii')}"
-
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        header = self.header()
-        if header is not None:
-            request.headers["Authorization"] = header
-        yield request
-
-
-def tls_verify(settings: SourceSettings) -> ssl.SSLContext | bool:
-    """Verify Prometheus's certificate (against the CA file when given) unless turned off."""
-    if not settings.prometheus_tls_verify:
-        return False
-    if settings.prometheus_ca_file is None:
-        return True
-    try:
-        return ssl.create_default_context(cafile=str(settings.prometheus_ca_file))
-    except (OSError, ssl.SSLError) as error:
-        raise InputError(
-            f"TABLETUNE_SOURCE__PROMETHEUS_CA_FILE: cannot load {settings.prometheus_ca_file}: "
-            f"{error}"
-        ) from None
-
-
-class PrometheusHttp:
-    """Prometheus's query API over httpx: POST (long replica lists fit), TLS verified,
-    credentials from the settings or the URL, never shown in an error."""
-
-    def __init__(
-        self, settings: SourceSettings, *, transport: httpx.BaseTransport | None = None
-    ) -> None:
-        assert settings.prometheus_url is not None
-        url = httpx.URL(settings.prometheus_url)
-        auth: httpx.Auth = PrometheusAuth(settings)
-        if url.username:  # credentials in the URL: used as basic auth, kept out of messages
-            auth = httpx.BasicAuth(url.username, url.password)
-            url = url.copy_with(username=None, password=None)
-        self._url = str(url).rstrip("/") + "/api/v1/query"
-        self._http = httpx.Client(
-            timeout=settings.timeout_s, auth=auth, verify=tls_verify(settings), transport=transport
-        )
-
-    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any:
-        try:
-            response = self._http.post(self._url, data={"query": query, **(params or {})})
-        except httpx.HTTPError as error:
-            raise TemporaryError(f"{self._url}: {type(error).__name__}: {error}") from None
-        if response.status_code != 200:
-            raise TemporaryError(f"{self._url}: HTTP {response.status_code}: {response.text[:200]}")
-        body = response.json()
-        if body.get("status") != "success":
-            raise TemporaryError(f"{self._url}: {body.get('error', body)!s:.200}")
-        return body["data"]["result"]
-
-    def close(self) -> None:
-        self._http.close()
 
 
 def names_selector(names: Iterable[str], **matchers: str) -> str:
@@ -288,7 +187,7 @@ class PrometheusSource:
         self, counted: Mapping[str, windows.TargetWindow], at: float, window_s: float
     ) -> tuple[dict[str, dict[CounterKey, float]], dict[str, float], set[str]]:
         """Each counted replica's increases per counter series, its mean running requests,
-        and the replicas that restarted in their window (seen in their counters)."""
+        and the replicas whose counters went back inside their window (they restarted)."""
         if not counted:
             return {}, {}, set()
         by = (self._label, *KEY_LABELS)
@@ -298,22 +197,23 @@ class PrometheusSource:
             f"sum by ({self._label}) "
             f"(avg_over_time({names_selector((RUNNING,))}[{_duration(window_s)}]))"
         )
-        # Without a start time read at both ends, only the counters can show a restart.
-        unvouched = [counted[r].base for r in clean if not counted[r].starts_vouch]
+        # Without a start time read at both ends, only the counters can show a restart. The
+        # scan may reach before a window's base: a hit only sends the replica to the raw count.
+        unvouched = [w.base for r, w in counted.items() if r in clean and not w.starts_vouch]
         if unvouched:
             earliest = min(base for base in unvouched if base is not None)
             exprs.append(any_went_back(COUNTERS, _back_to(earliest, at), self._label))
         results = self._query_all(exprs, at)
         increases: dict[str, dict[CounterKey, float]] = {}
-        restarted: set[str] = set()
+        suspect: set[str] = set()
         for name, rows in zip(COUNTERS, results, strict=False):
             for row in rows:
                 replica = self._replica(row["metric"])
-                if replica not in clean:
+                if replica is None or replica not in clean:
                     continue
                 value = float(row["value"][1])
                 if value < 0:
-                    restarted.add(replica)
+                    suspect.add(replica)
                 increases.setdefault(replica, {})[counter_key(name, row["metric"])] = value
         running = {
             replica: value
@@ -322,17 +222,19 @@ class PrometheusSource:
             and not math.isnan(value := float(row["value"][1]))
         }
         if unvouched:
-            restarted |= {r for row in results[-1] if (r := self._replica(row["metric"]))}
-        raw = {r: w for r, w in counted.items() if r not in clean or r in restarted}
+            suspect |= {r for row in results[-1] if (r := self._replica(row["metric"]))}
+        raw = {r: w for r, w in counted.items() if r not in clean or r in suspect}
+        restarted: set[str] = set()
         if raw:
-            increases.update(self._raw_increases(raw, at, at - window_s, restarted))
+            counts, restarted = self._raw_increases(raw, at, at - window_s)
+            increases.update(counts)
         return increases, running, restarted
 
     def _raw_increases(
-        self, raw: Mapping[str, windows.TargetWindow], at: float, since: float, restarted: set[str]
-    ) -> dict[str, dict[CounterKey, float]]:
-        """Query (4): the counters of the replicas in ``raw`` (window from ``since`` to
-        ``at``), from their raw samples; adds those whose counters went back to ``restarted``."""
+        self, raw: Mapping[str, windows.TargetWindow], at: float, since: float
+    ) -> tuple[dict[str, dict[CounterKey, float]], set[str]]:
+        """The counters of the replicas in ``raw`` (window ``(since, at]``) from their raw
+        samples; and those whose counters went back."""
         since = min(w.base if w.base is not None else since for w in raw.values())
         names = "|".join(_promql_regex(r) for r in sorted(raw))
         exprs = [
@@ -340,17 +242,18 @@ class PrometheusSource:
             for name in COUNTERS
         ]
         out: dict[str, dict[CounterKey, float]] = {replica: {} for replica in raw}
+        went_back: set[str] = set()
         for name, rows in zip(COUNTERS, self._query_all(exprs, at), strict=True):
             for row in rows:
                 replica = self._replica(row["metric"])
                 if replica is None or replica not in raw:
                     continue
-                value, went_back = windows.series_increase(_samples(row), raw[replica])
+                value, back = windows.series_increase(_samples(row), raw[replica])
                 key = counter_key(name, row["metric"])
                 out[replica][key] = out[replica].get(key, 0.0) + value
-                if went_back:
-                    restarted.add(replica)
-        return out
+                if back:
+                    went_back.add(replica)
+        return out, went_back
 
 
 def _promql_regex(value: str) -> str:
