@@ -78,7 +78,12 @@ class SourceSettings(_Group):
     )
     timeout_s: float = Field(default=5.0, gt=0, description="scrape/query timeout in seconds")
     stale_after_s: float = Field(
-        default=120.0, gt=0, description="data older than this is stale: no push, alert"
+        default=120.0,
+        gt=0,
+        description=(
+            "data older than this is stale: no push, alert (direct: a new baseline; "
+            "Prometheus: how far before a window its base scrape is looked for)"
+        ),
     )
     query_delay_s: float = Field(
         default=5.0, ge=0, description="evaluate Prometheus this far in the past (scrape lag)"
