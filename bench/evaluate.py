@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import platform
 import subprocess
@@ -51,21 +50,21 @@ from tabletune.baselines import (
 )
 from tabletune.daemon.alerts import AlertSink
 from tabletune.daemon.controller import Controller
+from tabletune.daemon.counters import bucketed_step_times, mean_batch_of
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.daemon.profiles import make_pool
-from tabletune.daemon.scrape import buckets_to_ranges
 from tabletune.daemon.settings import DaemonSettings, load_settings
 from tabletune.errors import InputError
-from tabletune.metric_names import BATCH_SIZE_BUCKETS
 from tabletune.plugin.controller import EngineTableController
 from tabletune.plugin.wire import view_from_envelope
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE, Profile, load_profile
 from tabletune.schemas.profile import step_times_of
 from tabletune.schemas.table import dense_lookup
-from tabletune.sim.engine import EngineSim
+from tabletune.sim.engine import EngineSim, StepBatch
 from tabletune.sim.processes import AcceptanceProcess, ConstantRates, Piecewise, SwitchRates
 from tabletune.solver import StepTimes, build_table, evaluate_table, expand, goodput_matrix
+from tabletune.step_cells import CellKey, CellTotals, cell_key
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -150,51 +149,58 @@ def run_per_step(policy: Policy, engine: EngineSim, until_s: float) -> None:
 
 
 class EngineSource:
-    """The daemon's metrics source over the emulator's counters: per cycle, the increases since
-    the last collection, shaped as the direct-scrape source shapes them (drafted/accepted per
-    position, batch-size histogram buckets, mean batch, generated tokens, step durations)."""
+    """The daemon's metrics source over the emulator's engine: per cycle, the increases since
+    the last collection, shaped as the real sources shape them (drafted/accepted per position,
+    generated tokens, and the plugin's step cells, counted here from every step the engine
+    runs, as the plugin counts them in vLLM's engine core)."""
 
     def __init__(self, engine: EngineSim, *, model_name: str) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.cells: dict[CellKey, CellTotals] = {}
+        engine.on_steps.append(self._count_steps)
         self._last_s = engine.now
         self._last = self._snapshot()
+
+    def _count_steps(self, done: StepBatch) -> None:
+        batch = done.batch_size
+        for k in (int(i) for i in np.unique(done.ks)):
+            mine = done.durations_s[done.ks == k]
+            n = float(mine.size)
+            ran = CellTotals(
+                n, float(mine.sum()), float((mine**2).sum()), n * batch * (k + 1), n * batch
+            )
+            key = cell_key(k, batch)
+            self.cells[key] = self.cells.get(key, CellTotals()) + ran
 
     def _snapshot(self) -> dict[str, Any]:
         c = self.engine.counters
         return {
             "drafted": c.draft_tokens_per_pos.copy(),
             "accepted": c.accepted_per_pos.copy(),
-            "batches": c.batch_size_counts.copy(),
-            "batch_sum": c.batch_size_sum,
             "tokens": c.generation_tokens,
-            "steps": {key: (h.total_s, h.count) for key, h in c.step_durations.items()},
+            "cells": dict(self.cells),
         }
 
     def collect(self, now: float, *, on_replica: Callable[[], bool] | None = None) -> SourceResult:
         current = self._snapshot()
         base, self._last = self._last, current
         interval_s, self._last_s = now - self._last_s, now
-        per_bucket = current["batches"] - base["batches"]
-        steps = int(per_bucket.sum())
-        bounds = (*BATCH_SIZE_BUCKETS, math.inf)
-        step_times = {}
-        for key, (total_s, count) in current["steps"].items():
-            old_s, old_count = base["steps"].get(key, (0.0, 0))
-            if count > old_count:
-                step_times[key] = (total_s - old_s, float(count - old_count))
+        cells = {
+            key: totals.since(base["cells"].get(key, CellTotals()))
+            for key, totals in current["cells"].items()
+        }
+        cells = {key: totals for key, totals in cells.items() if totals.steps > 0}
         observation = Observation(
             replica="emulated",
             admin_url="emulated",
             interval_s=interval_s,
             drafted=tuple(float(x) for x in current["drafted"] - base["drafted"]),
             accepted=tuple(float(x) for x in current["accepted"] - base["accepted"]),
-            load_buckets=buckets_to_ranges(
-                {le: float(n) for le, n in zip(bounds, np.cumsum(per_bucket), strict=True)}
-            ),
-            mean_batch=(current["batch_sum"] - base["batch_sum"]) / steps if steps else None,
+            mean_batch=mean_batch_of(cells),
             generated_tokens=float(current["tokens"] - base["tokens"]),
-            step_times=step_times,
+            step_times=bucketed_step_times(cells),
+            step_cells=cells,
             model_name=self.model_name,
         )
         return SourceResult(observations={"emulated": observation})

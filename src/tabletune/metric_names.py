@@ -18,8 +18,6 @@ VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 
 # The TableTune plugin (API-server process, stat-logger plugin).
 TT_DRAFT_TOKENS_PER_POS = "tabletune_spec_decode_num_draft_tokens_per_pos"  # counter
-TT_DECODE_BATCH_SIZE = "tabletune_decode_batch_size"  # histogram, per step
-TT_STEP_DURATION = "tabletune_step_duration_seconds"  # histogram, labels k, batch_bucket
 TT_TABLE_VERSION = "tabletune_table_version"  # gauge
 TT_TABLE_RANGE_K = "tabletune_table_range_k"  # gauge, labels range_start, range_end
 TT_EXPLORATION_STEPS = "tabletune_exploration_steps"  # counter
@@ -35,28 +33,8 @@ TT_SWITCH_STEPS = "tabletune_k_switch_steps"  # counter: first steps at a new k 
 TT_SWITCH_SECONDS = "tabletune_k_switch_step_seconds"  # counter: their durations
 LABEL_BATCH = "batch"
 LABEL_K = "k"
-LABEL_BATCH_BUCKET = "batch_bucket"
 LABEL_RANGE_START = "range_start"
 LABEL_RANGE_END = "range_end"
-
-# Batch-size histogram buckets (upper bounds) shared by the plugin and the emulator.
-BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 1024)
-
-
-def batch_bucket(batch_size: int) -> str:
-    """Power-of-two bucket label for the step-duration histogram: "1", "2-3", "4-7", ..."""
-    if batch_size < 1:
-        raise ValueError("batch size must be >= 1")
-    low = 1 << (batch_size.bit_length() - 1)
-    high = 2 * low - 1
-    return str(low) if low == high else f"{low}-{high}"
-
-
-def bucket_bounds(label: str) -> tuple[int, int]:
-    """Inverse of ``batch_bucket``: inclusive (low, high)."""
-    low, _, high = label.partition("-")
-    return int(low), int(high or low)
-
 
 # vLLM serves /metrics through prometheus_client's content negotiation. Prometheus asks for
 # OpenMetrics first, and in that format prometheus_client (seen with 0.26) writes the sample names

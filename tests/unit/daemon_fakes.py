@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from tabletune.admin.client import StateAdminClient
 from tabletune.admin.protocol import TableView
 from tabletune.admin.state import TableState
+from tabletune.daemon.counters import mean_batch_of
 from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.errors import TemporaryError
-from tabletune.metric_names import batch_bucket
 from tabletune.schemas import Profile
 from tabletune.schemas.acceptance import AcceptanceProfile
 from tabletune.schemas.profile import Cell, ProfileMetadata
@@ -79,8 +79,6 @@ class ModelEngine:
     totals: dict[str, float] = field(default_factory=dict)
     drafted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     accepted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
-    batch_hist: dict[int, float] = field(default_factory=dict)
-    step_sum: dict[tuple[int, str], tuple[float, float]] = field(default_factory=dict)
     cells: dict[CellKey, CellTotals] = field(default_factory=dict)
 
     def run(self, seconds: float) -> None:
@@ -113,15 +111,10 @@ class ModelEngine:
         self.totals["tokens"] = self.totals.get("tokens", 0.0) + requests * (
             1.0 + sum(self.rates[:k])
         )
-        self.batch_hist[self.load] = self.batch_hist.get(self.load, 0.0) + steps
-        key = (k, batch_bucket(self.load))
-        s, c = self.step_sum.get(key, (0.0, 0.0))
-        self.step_sum[key] = (s + steps * step_ms / 1000.0, c + steps)
-        seconds = step_ms / 1000.0
-        cell = cell_key(k, self.load)
-        self.cells[cell] = self.cells.get(cell, CellTotals()) + CellTotals(
-            steps, steps * seconds, steps * seconds**2, requests * (1 + k), requests
-        )
+        step_s = step_ms / 1000.0
+        ran = CellTotals(steps, steps * step_s, steps * step_s**2, requests * (k + 1), requests)
+        key = cell_key(k, self.load)
+        self.cells[key] = self.cells.get(key, CellTotals()) + ran
 
     def restart(self, starting: Sequence[Sequence[int]]) -> None:
         self.state = TableState.initial(
@@ -132,8 +125,6 @@ class ModelEngine:
         self.totals = {}
         self.drafted = [0.0] * len(self.drafted)
         self.accepted = [0.0] * len(self.accepted)
-        self.batch_hist = {}
-        self.step_sum = {}
         self.cells = {}
 
 
@@ -190,14 +181,7 @@ class ModelSource:
         self.last: float | None = None
         self.seen: dict[
             str,
-            tuple[
-                dict[str, float],
-                list[float],
-                list[float],
-                dict[int, float],
-                dict[tuple[int, str], tuple[float, float]],
-                dict[CellKey, CellTotals],
-            ],
+            tuple[dict[str, float], list[float], list[float], dict[CellKey, CellTotals]],
         ] = {}
         self.down: str | None = None
         self.missing: set[str] = set()
@@ -219,37 +203,24 @@ class ModelSource:
                 dict(engine.totals),
                 list(engine.drafted),
                 list(engine.accepted),
-                dict(engine.batch_hist),
-                dict(engine.step_sum),
                 dict(engine.cells),
             )
             self.seen[name] = snap
             if before is None or interval <= 0:
                 continue
             reset = snap[0].get("tokens", 0.0) < before[0].get("tokens", 0.0)
-            base = ({}, [0.0] * 3, [0.0] * 3, {}, {}, {}) if reset else before
-            buckets = {(b, b): n - base[3].get(b, 0.0) for b, n in snap[3].items()}
-            steps = sum(buckets.values())
-            mean = sum(b * n for (b, _), n in buckets.items()) / steps if steps else None
+            base = ({}, [0.0] * 3, [0.0] * 3, {}) if reset else before
+            cells = {key: t.since(base[3].get(key, CellTotals())) for key, t in snap[3].items()}
+            cells = {key: t for key, t in cells.items() if t.steps > 0}
             observations[name] = Observation(
                 replica=name,
                 admin_url=name,
                 interval_s=interval,
                 drafted=tuple(x - y for x, y in zip(snap[1], base[1], strict=True)),
                 accepted=tuple(x - y for x, y in zip(snap[2], base[2], strict=True)),
-                load_buckets={key: n for key, n in buckets.items() if n > 0},
-                mean_batch=mean,
+                mean_batch=mean_batch_of(cells),
                 generated_tokens=snap[0].get("tokens", 0.0) - base[0].get("tokens", 0.0),
-                step_times={
-                    key: (s - base[4].get(key, (0.0, 0.0))[0], c - base[4].get(key, (0.0, 0.0))[1])
-                    for key, (s, c) in snap[4].items()
-                    if c - base[4].get(key, (0.0, 0.0))[1] > 0
-                },
-                step_cells={
-                    key: totals.since(base[5].get(key, CellTotals()))
-                    for key, totals in snap[5].items()
-                    if totals.steps > base[5].get(key, CellTotals()).steps
-                },
+                step_cells=cells,
                 reset=reset,
                 model_name="m",
             )

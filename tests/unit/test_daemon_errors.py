@@ -31,7 +31,7 @@ def test_direct_source_turns_http_errors_into_problems() -> None:
 
 def test_direct_source_garbage_is_a_problem_not_a_crash() -> None:
     def garbage(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, text='vllm:spec_decode_num_drafts_total{engine="0" 1\n')
+        return httpx.Response(200, text='vllm:generation_tokens_total{engine="0" 1\n')
 
     source = DirectSource(
         settings=load_settings({}).source,

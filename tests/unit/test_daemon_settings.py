@@ -29,6 +29,13 @@ DEFAULTS = {
         "stale_after_s": 120.0,
         "query_delay_s": 5.0,
         "max_window_s": 900.0,
+        "prometheus_username": None,
+        "prometheus_password": None,
+        "prometheus_password_file": None,
+        "prometheus_bearer_token": None,
+        "prometheus_bearer_token_file": None,
+        "prometheus_ca_file": None,
+        "prometheus_tls_verify": True,
     },
     "profile": {"paths": (), "acceptance_path": None},
     "estimator": {
@@ -211,3 +218,46 @@ def test_the_old_token_name_still_works_with_a_warning() -> None:
     assert token is not None and token.get_secret_value() == "new-0123456789abcdef"
     assert "ignored" in deprecations(both)[0]
     assert deprecations({"TABLETUNE_ADMIN_TOKEN": "x"}) == []
+
+
+def test_prometheus_credentials_are_masked_wherever_they_are_given() -> None:
+    settings = load_settings(
+        {
+            "TABLETUNE_SOURCE__PROMETHEUS_URL": "https://prom:9090",
+            "TABLETUNE_SOURCE__PROMETHEUS_USERNAME": "ops",
+            "TABLETUNE_SOURCE__PROMETHEUS_PASSWORD": "pa55",
+        }
+    )
+    shown = masked(settings)["source"]
+    assert shown["prometheus_password"] == "***" and shown["prometheus_username"] == "ops"
+    in_url = masked(
+        load_settings({"TABLETUNE_SOURCE__PROMETHEUS_URL": "https://ops:pa55@prom:9090/x"})
+    )
+    assert in_url["source"]["prometheus_url"] == "https://ops:***@prom:9090/x"
+    token = masked(load_settings({"TABLETUNE_SOURCE__PROMETHEUS_BEARER_TOKEN": "t0ken"}))
+    assert "t0ken" not in repr(token)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"PROMETHEUS_PASSWORD": "p"}, "needs TABLETUNE_SOURCE__PROMETHEUS_USERNAME"),
+        (
+            {
+                "PROMETHEUS_PASSWORD": "p",
+                "PROMETHEUS_PASSWORD_FILE": "/f",
+                "PROMETHEUS_USERNAME": "u",
+            },
+            "not both",
+        ),
+        ({"PROMETHEUS_USERNAME": "u", "PROMETHEUS_BEARER_TOKEN": "t"}, "basic auth or a bearer"),
+        (
+            {"PROMETHEUS_URL": "http://u:p@prom", "PROMETHEUS_BEARER_TOKEN_FILE": "/t"},
+            "carries credentials",
+        ),
+        ({"PROMETHEUS_CA_FILE": "/ca.pem", "PROMETHEUS_TLS_VERIFY": "false"}, "ignores it"),
+    ],
+)
+def test_conflicting_prometheus_auth_is_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        load_settings({f"TABLETUNE_SOURCE__{k}": v for k, v in env.items()})

@@ -113,7 +113,7 @@ def families(text: str) -> dict[str, tuple[str, frozenset[str]]]:
 
 # The plugin's old step histograms: the emulator no longer exports them (the step cells replace
 # them), and the plugin drops them too.
-OLD_HISTOGRAMS = {names.TT_DECODE_BATCH_SIZE, names.TT_STEP_DURATION}
+OLD_HISTOGRAMS = {"tabletune_decode_batch_size", "tabletune_step_duration_seconds"}
 
 
 def test_metrics_match_the_plugins_families_and_vllms_names(harness: Harness) -> None:

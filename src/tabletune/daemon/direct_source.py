@@ -12,7 +12,7 @@ import httpx
 
 from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.daemon.scrape import SampleHeads, Snapshot, observe_delta, parse_snapshot
-from tabletune.daemon.settings import SourceSettings
+from tabletune.daemon.settings import SourceSettings, mask_credentials
 from tabletune.errors import InputError
 
 
@@ -51,7 +51,8 @@ class DirectSource:
             response = self._http.get(f"{replica}/metrics")
             response.raise_for_status()
         except httpx.HTTPError as error:
-            raise InputError(f"{replica}/metrics: {type(error).__name__}: {error}") from None
+            message = f"{replica}/metrics: {type(error).__name__}: {error}"
+            raise InputError(mask_credentials(message)) from None
         return response.text
 
     def _scrape(self, replica: str) -> Snapshot:

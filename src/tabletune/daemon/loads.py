@@ -1,28 +1,42 @@
 """The recent load distribution of a replica (batch size -> weight), decaying each cycle.
 
-From the decode batch-size histogram (steps spread evenly over each bucket's batch sizes) or,
-without it, the running-requests gauge.
+From the plugin's step cells (steps and their summed batch sizes per cell) or, without them,
+the running-requests gauge.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tabletune.daemon.observation import Observation
 
 
 def step_loads(observation: Observation) -> dict[tuple[int, int], float]:
-    """Steps per inclusive batch range in the interval. The histogram's buckets are wide
-    (129-192) and T can jump inside one, so when every step fell in one bucket its mean (exact,
-    from _sum/_count) stands for it; otherwise steps spread evenly over each bucket."""
-    buckets = dict(observation.load_buckets)
-    mean = observation.mean_batch
-    if len(buckets) == 1 and mean is not None:
-        (low, high), count = next(iter(buckets.items()))
-        if low <= mean <= high:
-            point = max(1, round(mean))
-            return {(point, point): count}
-    return buckets
+    """Steps per batch size in the interval, as inclusive ranges ``(b, b)``.
+
+    Cells up to 16 hold one batch size each: exact. A wider cell (17-24, ...) knows only its
+    steps and their mean batch size; its steps go to the two batch sizes around that mean,
+    weighted so the mean is exact. A cell whose steps all ran at one batch size has an integer
+    mean and gives that batch size exactly; otherwise this is the narrowest spread with the
+    right mean. T is linear inside a cell (the profile grid is dense to 16, then every 8), so
+    the spread changes neither the steps' predicted time nor their tokens at a fixed k.
+    """
+    per_cell: dict[tuple[int, int], tuple[float, float]] = {}
+    for (_, low, high), totals in observation.step_cells.items():
+        steps, requests = per_cell.get((low, high), (0.0, 0.0))
+        per_cell[(low, high)] = (steps + totals.steps, requests + totals.requests)
+    out: dict[tuple[int, int], float] = {}
+    for (low, high), (steps, requests) in per_cell.items():
+        if steps <= 0:
+            continue
+        mean = min(max(requests / steps, low), high)
+        below = math.floor(mean)
+        above_share = mean - below
+        for b, share in ((below, 1.0 - above_share), (below + 1, above_share)):
+            if share > 1e-12:
+                out[(b, b)] = out.get((b, b), 0.0) + steps * share
+    return out
 
 
 @dataclass
@@ -33,11 +47,7 @@ class LoadTracker:
     weights: dict[int, float] = field(default_factory=dict)
 
     def add(self, observation: Observation) -> None:
-        fresh: dict[int, float] = {}
-        for (low, high), count in step_loads(observation).items():
-            share = count / (high - low + 1)
-            for b in range(low, high + 1):
-                fresh[b] = fresh.get(b, 0.0) + share
+        fresh = {low: steps for (low, _), steps in step_loads(observation).items()}
         if not fresh and observation.mean_batch is not None and observation.mean_batch >= 0.5:
             fresh[max(1, round(observation.mean_batch))] = 1.0
         if not fresh:

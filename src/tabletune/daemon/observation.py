@@ -1,4 +1,4 @@
-"""What a source reports about one replica for one evaluation interval (deltas, not totals).
+"""What a source reports about one replica for one evaluation interval (increases, not totals).
 
 Both sources (direct scrape and Prometheus) produce these, so everything downstream is
 indifferent to where the numbers came from.
@@ -11,34 +11,28 @@ from dataclasses import dataclass, field
 
 from tabletune.step_cells import StepCells
 
-# (k, batch_bucket label) -> (sum of step seconds, number of steps)
-StepTimeDeltas = Mapping[tuple[int, str], tuple[float, float]]
-# inclusive (low, high) batch sizes -> number of steps in that bucket
-LoadBuckets = Mapping[tuple[int, int], float]
-
 
 @dataclass(frozen=True)
 class Observation:
-    """Counter increases of one replica over ``interval_s`` seconds."""
+    """Counter increases of one replica (summed over its engines) over ``interval_s`` seconds.
+
+    ``step_cells`` holds the plugin's step cells: per (k, low, high) the steps that decoded in
+    the interval and their sums (seconds, seconds squared, scheduled tokens, scheduled
+    requests). ``mean_batch`` is Σ requests / Σ steps over every cell, or the mean of vLLM's
+    running-requests gauge when no step decoded (or the plugin is absent).
+    """
 
     replica: str
     admin_url: str
     interval_s: float
     drafted: tuple[float, ...]  # per draft position, index 0 = first guess
     accepted: tuple[float, ...]
-    load_buckets: LoadBuckets = field(default_factory=dict)
-    mean_batch: float | None = None  # mean decode batch (histogram) or running requests
+    mean_batch: float | None = None
     generated_tokens: float = 0.0
-    step_times: StepTimeDeltas = field(default_factory=dict)
     step_cells: StepCells = field(default_factory=dict)  # (k, low, high) -> increases
-    steps_without_decode: float = 0.0
-    reset: bool = False  # a counter went back: the engine restarted
+    steps_without_decode: float = 0.0  # steps that scheduled only prefill
+    reset: bool = False  # the engine restarted inside the interval (counters went back)
     model_name: str | None = None
-
-    @property
-    def new_drafts(self) -> float:
-        """Drafts that guessed at least once (position 1 drafted)."""
-        return self.drafted[0] if self.drafted else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -47,7 +41,8 @@ class Observation:
 
 @dataclass(frozen=True)
 class SourceResult:
-    """One collection: fresh observations, and replicas whose data is stale or missing."""
+    """One collection: fresh observations, and replicas whose data is stale, missing or
+    refused (no observation, so no push for them this cycle)."""
 
     observations: Mapping[str, Observation]
     problems: Mapping[str, str] = field(default_factory=dict)  # replica -> why no data

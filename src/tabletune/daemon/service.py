@@ -87,9 +87,11 @@ def build_daemon(
     closers: list[Callable[[], None]] = []
     source: Source
     if settings.source.prometheus_url:
-        source = PrometheusSource(
+        prometheus = PrometheusSource(
             settings=settings.source, default_window_s=settings.loop.interval_s
         )
+        closers.append(prometheus.close)
+        source = prometheus
     else:
         if not settings.source.replicas:
             raise InputError(

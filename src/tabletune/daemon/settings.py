@@ -10,11 +10,21 @@ a keyword-only ``settings=`` argument. Nested fields are ``TABLETUNE_<GROUP>__<F
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -31,7 +41,6 @@ NESTED = "__"
 # (group, field) -> the variable, where it is not TABLETUNE_<GROUP>__<FIELD>: one name for the
 # daemon and the plugin.
 SHARED_NAMES = {("admin", "token"): TOKEN_ENV, ("admin", "token_file"): TOKEN_FILE_ENV}
-SECRETS = (("admin", "token"), ("alerts", "password"), ("alerts", "bearer_token"))
 
 
 def _split_list(value: object) -> object:
@@ -59,6 +68,9 @@ class LoopSettings(_Group):
     )
 
 
+_S = "TABLETUNE_SOURCE__"  # for messages naming the variables
+
+
 class SourceSettings(_Group):
     prometheus_url: str | None = Field(
         default=None,
@@ -80,16 +92,69 @@ class SourceSettings(_Group):
     )
     timeout_s: float = Field(default=5.0, gt=0, description="scrape/query timeout in seconds")
     stale_after_s: float = Field(
-        default=120.0, gt=0, description="data older than this is stale: no push, alert"
+        default=120.0,
+        gt=0,
+        description=(
+            "data older than this is stale: no push, alert (direct: a new baseline; "
+            "Prometheus: how far before a window its base scrape is looked for)"
+        ),
     )
     query_delay_s: float = Field(
         default=5.0, ge=0, description="evaluate Prometheus this far in the past (scrape lag)"
     )
     max_window_s: float = Field(
-        default=900.0, gt=0, description="longest increase() window after a gap (seconds)"
+        default=900.0, gt=0, description="longest Prometheus window after a gap (seconds)"
+    )
+    prometheus_username: str | None = Field(
+        default=None, description="Prometheus basic-auth user (with a password or password file)"
+    )
+    prometheus_password: SecretStr | None = Field(
+        default=None, description="Prometheus basic-auth password"
+    )
+    prometheus_password_file: Path | None = Field(
+        default=None, description="file holding the Prometheus basic-auth password"
+    )
+    prometheus_bearer_token: SecretStr | None = Field(
+        default=None, description="Prometheus bearer token"
+    )
+    prometheus_bearer_token_file: Path | None = Field(
+        default=None,
+        description="file holding the Prometheus bearer token (re-read on every query)",
+    )
+    prometheus_ca_file: Path | None = Field(
+        default=None, description="CA bundle (PEM) that signs Prometheus's TLS certificate"
+    )
+    prometheus_tls_verify: bool = Field(
+        default=True, description="verify Prometheus's TLS certificate (false: do not check it)"
     )
 
     _split = field_validator("replicas", mode="before")(lambda cls, v: _split_list(v))
+
+    @model_validator(mode="after")
+    def _one_way_to_authenticate(self) -> SourceSettings:
+        url_credentials = bool(self.prometheus_url and urlsplit(self.prometheus_url).username)
+        password = self.prometheus_password is not None or self.prometheus_password_file
+        token = self.prometheus_bearer_token is not None or self.prometheus_bearer_token_file
+        problems = [
+            (self.prometheus_password is not None and self.prometheus_password_file is not None,
+             f"give {_S}PROMETHEUS_PASSWORD or {_S}PROMETHEUS_PASSWORD_FILE, not both"),
+            (self.prometheus_bearer_token is not None
+             and self.prometheus_bearer_token_file is not None,
+             f"give {_S}PROMETHEUS_BEARER_TOKEN or {_S}PROMETHEUS_BEARER_TOKEN_FILE, not both"),
+            (bool(password) and self.prometheus_username is None,
+             f"a Prometheus password needs {_S}PROMETHEUS_USERNAME"),
+            (self.prometheus_username is not None and bool(token),
+             "give Prometheus basic auth or a bearer token, not both"),
+            (url_credentials and (self.prometheus_username is not None or bool(token)),
+             f"{_S}PROMETHEUS_URL carries credentials: give them there or in the "
+             "PROMETHEUS_* auth settings, not both"),
+            (self.prometheus_ca_file is not None and not self.prometheus_tls_verify,
+             f"{_S}PROMETHEUS_CA_FILE is set but {_S}PROMETHEUS_TLS_VERIFY=false ignores it"),
+        ]  # fmt: skip
+        for broken, message in problems:
+            if broken:
+                raise ValueError(message)
+        return self
 
 
 class ProfileSettings(_Group):
@@ -392,12 +457,32 @@ def _from_mapping(env: dict[str, str]) -> DaemonSettings:
     return DaemonSettings.model_validate(data)
 
 
+# the userinfo of a URL: "user:password@" or "token@"
+_URL_CREDENTIALS = re.compile(r"(?<=://)([^/@\s:]+)(:[^/@\s]*)?@")
+
+
+def mask_credentials(text: str) -> str:
+    """Every URL in ``text`` with its password (or a lone user part, often a token) shown
+    as ``***``: ``http://ops:s3cret@prom:9090`` -> ``http://ops:***@prom:9090``."""
+    return _URL_CREDENTIALS.sub(
+        lambda m: f"{m.group(1)}:***@" if m.group(2) is not None else "***@", text
+    )
+
+
 def masked(settings: DaemonSettings) -> dict[str, Any]:
-    """The effective config for the start-up log: secrets shown as '***' (or null)."""
+    """The effective config for the start-up log: secrets shown as '***' (or null), URL
+    credentials masked."""
     data: dict[str, Any] = settings.model_dump(mode="json")
-    for group, field in SECRETS:
-        if data[group][field] is not None:
-            data[group][field] = "***"
+    for group_name in DaemonSettings.model_fields:
+        group = getattr(settings, group_name)
+        shown = data[group_name]
+        for name, value in shown.items():
+            if isinstance(getattr(group, name), SecretStr):
+                shown[name] = "***"
+            elif isinstance(value, str):
+                shown[name] = mask_credentials(value)
+            elif isinstance(value, list):
+                shown[name] = [mask_credentials(v) if isinstance(v, str) else v for v in value]
     return data
 
 
