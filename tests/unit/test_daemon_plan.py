@@ -38,7 +38,7 @@ def _view(exploration: int = 50, hysteresis: int = 2) -> object:
         state,
         exploration_interval=exploration,
         hysteresis=hysteresis,
-        neighbour_interval=64,
+        neighbour_interval=32,
         neighbour_burst=4,
     )
     return state.view(plugin_version=__version__, engine_version="0.26.0")
@@ -92,7 +92,7 @@ def test_a_reason_to_decide_pushes_a_better_table(due: dict[str, bool]) -> None:
 def test_wrong_plugin_settings_come_first_and_dry_run_changes_nothing() -> None:
     inputs = _inputs(view=_view(exploration=0, hysteresis=0), rebuilt=True)
     plan = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)
-    assert plan.effects[0] == SetPluginSettings(50, 2, 64, 4)
+    assert plan.effects[0] == SetPluginSettings(50, 2, 32, 4)
     assert isinstance(plan.effects[1], PushTable)
     dry = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=True)
     assert dry.effects == () and dry.decision is not None and dry.decision.push

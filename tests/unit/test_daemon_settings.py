@@ -46,7 +46,7 @@ DEFAULTS = {
     },
     "step_time": {
         "enabled": True,
-        "prior_steps": 100.0,
+        "prior_steps": 25.0,
         "half_life_s": 60.0,
         "prior_sigma": 0.01,
         "correlation": 4.0,
@@ -62,7 +62,7 @@ DEFAULTS = {
     "plugin": {
         "exploration_interval": 50,
         "hysteresis": 2,
-        "neighbour_interval": 64,
+        "neighbour_interval": 32,
         "neighbour_burst": 4,
     },
     "admin": {

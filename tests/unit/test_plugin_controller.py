@@ -174,3 +174,21 @@ def test_refused_new_settings_keep_policy_timer_and_version() -> None:
         assert controller.put_settings(body, None)["status"] == 422
     assert core.scheduler.dynamic_sd_lookup is policy and step_timer_of(core.scheduler).enabled
     assert view_from_envelope(controller.get()).version == 1
+
+
+def test_a_new_table_takes_effect_at_once_even_inside_the_hysteresis_band() -> None:
+    # The load sits at B=128; the old table ran k=3 there. The new one gives 121..128 k=2 and
+    # 129.. k=3: B=128 is within h=2 of a k=3 batch size, but the k=3 it held came from the
+    # old table, so it must not be kept (it would be, for as long as the load stays put).
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    controller.put_settings({"hysteresis": 2}, None)
+    controller.put_table({"table": [[1, 256, 3]]}, None)
+    policy = core.scheduler.dynamic_sd_lookup
+    assert [policy[128] for _ in range(3)] == [3, 3, 3]
+    controller.put_table({"table": [[1, 120, 3], [121, 128, 2], [129, 256, 3]]}, None)
+    policy = core.scheduler.dynamic_sd_lookup
+    assert [policy[128] for _ in range(3)] == [2, 2, 2]
+    assert [policy[129], policy[130], policy[131]] == [2, 2, 3]  # held near the edge, then k=3
+    controller.put_settings({"exploration_interval": 50}, None)  # same table: the held k stays
+    assert core.scheduler.dynamic_sd_lookup[128] == 3

@@ -227,7 +227,7 @@ class StepTimeSettings(_Group):
         description="decide from live step time T_hat (false: from the profile alone)",
     )
     prior_steps: float = Field(
-        default=100.0, ge=0, description="w: weight of the profile's T in each cell, in steps"
+        default=25.0, ge=0, description="w: weight of the profile's T in each cell, in steps"
     )
     half_life_s: float = Field(
         default=60.0, gt=0, description="live step-time sums fade with this half-life (seconds)"
@@ -250,7 +250,7 @@ class PluginSettings(_Group):
         default=2, ge=0, description="plugin: keep k while the batch is within h of an edge"
     )
     neighbour_interval: int = Field(
-        default=64,
+        default=32,
         ge=0,
         description="plugin: a burst at a k next to the table's every N steps (live step time)",
     )

@@ -126,7 +126,14 @@ class EngineTableController:
                 neighbour_burst=state.neighbour_burst,
                 allowed_k=state.allowed_k,
                 steps=previous.steps if previous is not None else 0,
-                previous_k=previous.previous_k if previous is not None else None,
+                # Hysteresis holds the k of the previous step while the load sits near an edge
+                # of *this* table; a new table starts fresh (a k held over from the old one
+                # would stay for as long as the load does not move).
+                previous_k=(
+                    previous.previous_k
+                    if previous is not None and previous.lookup == state.lookup
+                    else None
+                ),
             )
             self._install(policy)
             self._policy = policy

@@ -165,6 +165,10 @@ class StepPolicy:
     def previous_k(self) -> int | None:
         return self._previous_k
 
+    @property
+    def lookup(self) -> tuple[int, ...]:
+        return self._lookup
+
     def table_k(self, batch_size: int) -> int:
         """The table's own k (no exploration, no hysteresis, no step counted)."""
         return self._lookup[max(1, min(batch_size, self._last))]
