@@ -49,7 +49,7 @@ DEFAULTS = {
         "prior_steps": 25.0,
         "half_life_s": 60.0,
         "prior_sigma": 0.01,
-        "correlation": 4.0,
+        "correlation": 2.0,
     },
     "decision": {
         "min_gain": 0.01,

@@ -238,7 +238,7 @@ class StepTimeSettings(_Group):
         description="least relative uncertainty of the profile's T (its own spread if larger)",
     )
     correlation: float = Field(
-        default=4.0, ge=1, description="steps per independent sample (neighbouring steps agree)"
+        default=2.0, ge=1, description="steps per independent sample (neighbouring steps agree)"
     )
 
 

@@ -9,7 +9,9 @@ The estimate is a ratio to the profile, blended the way a_hat is (the prior weig
     r_hat  = (w * m(c) + n r_live) / (w + n)
     T_hat(B, k) = T_profile(B, k) * r_hat(k, cell of B)
 
-A k with little live data leans on ``m(c)``, what the other k at the same batch sizes show,
+Where the load ran, T_hat is held flat across the cell at the batch size it ran at (live data
+speaks for the cell; the profile's wiggles inside it do not). A k with little live data leans
+on ``m(c)``, what the other k at the same batch sizes show,
 rather than on the bare profile: a cost common to every k (long contexts) then does not make
 the unobserved k look cheap, while an effect of one k (a graph miss) shows once that k is
 observed (the plugin's neighbour exploration sees to it). The uncertainty of r_hat combines the
@@ -175,6 +177,19 @@ class StepTimeEstimator:
 
         columns = layout.cell_of_batch
         dense_ms = layout.prior_ms * ratio[:, columns]
+        # Where the load ran, every k of the cell is estimated at the batch size it ran at and
+        # held flat across the cell: the live data speaks for the cell, and the profile's
+        # wiggles inside it (a noisy cell, a one-off jump) must not make k flip from one batch
+        # size to the next. Elsewhere T_hat follows the profile's shape.
+        cell_steps = steps.sum(axis=0)
+        observed = cell_steps > 0
+        if observed.any():
+            ran_at = self.sums[..., 4].sum(axis=0)[observed] / cell_steps[observed]
+            flat = layout.prior_at(np.tile(ran_at, (len(layout.ks), 1))) * 1000.0
+            flat *= ratio[:, observed]
+            for j, cell_ms in zip(np.flatnonzero(observed), flat.T, strict=True):
+                low, high = layout.cells[j]
+                dense_ms[:, low - 1 : min(high, layout.max_batch)] = cell_ms[:, None]
         relative = sigma[:, columns] / ratio[:, columns]
         grid = tuple(range(1, layout.max_batch + 1))
         return StepTimeEstimate(
