@@ -78,7 +78,7 @@ class ReplicaAdmin:
         body = TablePut(table=[list(r) for r in table], allow_uncaptured=allow_uncaptured)
         return self._run(self.replica.admin.put_table(body, if_match))
 
-    def put_settings(self, *, if_match: int | None = None, **fields: int | None) -> TableView:
+    def put_settings(self, *, if_match: int | None = None, **fields: Any) -> TableView:
         body = SettingsPut.model_validate(settings_body(**fields))
         return self._run(self.replica.admin.put_settings(body, if_match))
 

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import structlog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ from tabletune.baselines import NightjarStylePolicy, StepOutcome  # noqa: E402
 from tabletune.sim.build import build_engine, resolve_profile  # noqa: E402
 from tabletune.sim.engine import EngineSim  # noqa: E402
 from tabletune.sim.scenario import ConstantLoad, load_scenario  # noqa: E402
-from tabletune.solver import evaluate_table  # noqa: E402
+from tabletune.solver import evaluate_table, tau  # noqa: E402
 
 PROFILE = ROOT / "examples" / "sample-profile.json"
 SERVING = "serving-decode-heavy"
@@ -65,14 +66,32 @@ def quiet() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
 
 
-def measured_loss(engine: EngineSim, start_s: float, end_s: float) -> float:
-    """1 - expected kept tokens / the oracle's, over the truth intervals in [start, end]."""
-    expected = oracle = 0.0
-    for interval in (*engine.history, engine.interval):
-        if interval.start_s >= start_s - 1e-9 and interval.end_s <= end_s + 1e-9:
-            expected += interval.expected_tokens
-            oracle += interval.oracle_tokens
-    return 1.0 - expected / oracle
+class ExpectedScore:
+    """What the k actually run are worth, without the emulator's sampling noise: every step
+    scored at its true expected step time and expected kept tokens (exploration, hysteresis and
+    switching included), against the best captured k at the same load."""
+
+    def __init__(self, engine: EngineSim) -> None:
+        self.engine = engine
+        self.batches: list[tuple[float, int, np.ndarray]] = []
+        engine.on_steps.append(lambda done: self.batches.append(
+            (done.start_s, done.batch_size, np.bincount(done.ks, minlength=4))))  # fmt: skip
+
+    def loss(self, start_s: float, end_s: float) -> float:
+        engine = self.engine
+        rates = engine.acceptance.at(start_s)
+        shape = engine.shape(start_s)
+        tokens = seconds = oracle = 0.0
+        for at, batch, per_k in self.batches:
+            if not start_s <= at < end_s:
+                continue
+            for k in np.flatnonzero(per_k):
+                n = float(per_k[k])
+                step_s = engine.true_step_s(batch, int(k), rates, shape=shape)
+                tokens += n * batch * tau(rates, int(k))
+                seconds += n * step_s
+                oracle += n * step_s * engine.best_k(batch, rates, shape)[1]
+        return 1.0 - tokens / oracle
 
 
 def table_loss(engine: EngineSim, table: Sequence[Sequence[int]], load: int, **at: Any) -> float:
@@ -100,6 +119,7 @@ def daemon_at(load: int, workdir: Path) -> dict[str, Any]:
     admin = ReplicaAdmin(replica, rig.loop)
     profile_table = replica.truth(last=0)["profile_table"]
     admin.put_table(profile_table)
+    score = ExpectedScore(replica.engine)
     start = rig.sim_s
     history: list[tuple[float, int]] = []
     while rig.sim_s - start < HORIZON_S - 1e-9:
@@ -117,7 +137,7 @@ def daemon_at(load: int, workdir: Path) -> dict[str, Any]:
         "table_k_by_time": history,
         "table_loss": table_loss(engine, truth["table"], load),
         "start_table_loss": table_loss(engine, profile_table, load),
-        "measured_loss": measured_loss(engine, end - WINDOW_S, end),
+        "measured_loss": score.loss(end - WINDOW_S, end),
         "true_step_ms": truth["current"]["step_ms"],
         "profile_step_ms": truth["current"]["profile_step_ms"],
     }
@@ -129,6 +149,7 @@ def nightjar_at(load: int, seed: int) -> dict[str, Any]:
     profile = resolve_profile(scenario, base_dir, PROFILE)
     policy = NightjarStylePolicy(sorted(scenario_ks(scenario)), exploration=NIGHTJAR_C)
     engine = build_engine(scenario, profile, base_dir=base_dir, seed=seed, choose_k=policy.choose_k)
+    score = ExpectedScore(engine)
     while engine.now < HORIZON_S:
         done = engine.step()
         if done is None:
@@ -142,7 +163,7 @@ def nightjar_at(load: int, seed: int) -> dict[str, Any]:
                 accepted=tuple(int(x) for x in done.accepted_per_pos),
             )
         )
-    return {"measured_loss": measured_loss(engine, engine.now - WINDOW_S, engine.now)}
+    return {"measured_loss": score.loss(engine.now - WINDOW_S, engine.now)}
 
 
 def scenario_ks(scenario: Any) -> set[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tabletune.admin.client import StateAdminClient
 from tabletune.admin.protocol import TableView
@@ -93,7 +94,9 @@ class ModelEngine:
         if state.neighbour_interval:
             allowed = sorted(state.allowed_k)
             near = [a for a in allowed if a < k][-1:] + [a for a in allowed if a > k][:1]
-            for other in near:
+            if state.neighbour_ks:  # the daemon's pick instead of the adjacent ones
+                near = [a for a in state.neighbour_ks if a != k]
+            for other in near or ():
                 share = state.neighbour_burst / state.neighbour_interval / len(near)
                 shares[other] = shares.get(other, 0.0) + share
         shares[k] = 2.0 - sum(shares.values())
@@ -166,7 +169,7 @@ class FakeAdmin(StateAdminClient):
         self._maybe_fail("PUT table")
         return super().put_table(table, if_match=if_match, allow_uncaptured=allow_uncaptured)
 
-    def put_settings(self, *, if_match: int | None = None, **fields: int | None) -> TableView:
+    def put_settings(self, *, if_match: int | None = None, **fields: Any) -> TableView:
         self._maybe_fail("PUT settings")
         return super().put_settings(if_match=if_match, **fields)
 

@@ -173,6 +173,15 @@ def test_neighbour_interval_and_step_timing_round_trip() -> None:
     assert backend.state.neighbour_interval == 16 and backend.state.step_timing is False
 
 
+def test_chosen_neighbour_ks_are_captured_ones_and_an_empty_list_restores_adjacent() -> None:
+    client, backend = make_client()
+    response = client.put(SETTINGS_PATH, json={"neighbour_ks": [3, 0, 3]})
+    assert response.status_code == 200, response.text
+    assert response.json()["neighbour_ks"] == [0, 3] and backend.state.neighbour_ks == (0, 3)
+    client.put(SETTINGS_PATH, json={"neighbour_ks": []})
+    assert backend.state.neighbour_ks == ()
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -186,6 +195,12 @@ def test_neighbour_interval_and_step_timing_round_trip() -> None:
         {"step_timing": 1},
         {"step_timing": [True]},
         {"neighbour_interval": 4, "step_timing": "no"},  # one bad field refuses the whole body
+        {"neighbour_ks": [4]},  # not in the starting table: no captured graph
+        {"neighbour_ks": [-1]},
+        {"neighbour_ks": ["1"]},
+        {"neighbour_ks": 1},
+        {"neighbour_ks": [1] * 65},
+        {"neighbour_burst": 0},
     ],
 )
 def test_bad_new_settings_are_refused_and_change_nothing(body: dict[str, object]) -> None:

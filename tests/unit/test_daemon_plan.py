@@ -122,3 +122,12 @@ def test_a_rollback_cooldown_holds_the_next_push() -> None:
 def test_ranges_never_narrower_than_the_hysteresis_band() -> None:
     assert min_range_width(load_settings({"TABLETUNE_PLUGIN__HYSTERESIS": "3"})) == 7
     assert min_range_width(load_settings({"TABLETUNE_PLUGIN__HYSTERESIS": "0"})) == 1
+
+
+def test_directed_bursts_run_only_at_the_chosen_k_and_stop_when_none_is_worth_it() -> None:
+    chosen = plan_replica(_runtime(), _inputs(explore_ks=(1,)), settings=SETTINGS, dry_run=False)
+    assert chosen.effects == (SetPluginSettings(50, 2, 32, 4, (1,)),)
+    none = plan_replica(_runtime(), _inputs(explore_ks=()), settings=SETTINGS, dry_run=False)
+    assert none.effects == (SetPluginSettings(50, 2, 0, 4, ()),)
+    adjacent = plan_replica(_runtime(), _inputs(explore_ks=None), settings=SETTINGS, dry_run=False)
+    assert adjacent.effects == ()  # the running settings are already the adjacent ones

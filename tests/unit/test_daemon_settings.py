@@ -46,10 +46,11 @@ DEFAULTS = {
     },
     "step_time": {
         "enabled": True,
-        "prior_steps": 25.0,
+        "prior_steps": 10.0,
         "half_life_s": 60.0,
         "prior_sigma": 0.01,
         "correlation": 2.0,
+        "shift": 0.15,
     },
     "decision": {
         "min_gain": 0.01,
@@ -64,6 +65,7 @@ DEFAULTS = {
         "hysteresis": 2,
         "neighbour_interval": 32,
         "neighbour_burst": 4,
+        "neighbour_directed": True,
     },
     "admin": {
         "token": None,

@@ -177,3 +177,26 @@ def test_estimate_stays_between_the_prior_and_the_live_extremes(
     assert np.all(estimate.ratio <= max(factors) + 1e-9)
     assert np.all(estimate.step_times.ms > 0)
     assert np.all(estimate.relative_sigma > 0)
+
+
+def test_a_shift_of_the_running_k_makes_the_other_k_of_its_cell_unmeasured_again() -> None:
+    estimator = _estimator()
+    estimator.add(
+        {**_steps(3, [128], 1.0, repeat=1000), **_steps(2, [128], 1.0, repeat=1000)},
+        now=0.0,
+        half_life_s=60.0,
+        shift=0.15,
+    )
+    # Same traffic, another cycle: nothing forgotten.
+    estimator.add(_steps(3, [128], 1.02, repeat=500), now=1.0, half_life_s=1e9, shift=0.15)
+    steps = estimator.estimate(PARAMS).steps
+    assert steps[2, :].sum() == pytest.approx(1000, rel=1e-6)
+    # Longer prompts: k=3 now runs 1.6x; k=2 was not seen since, its old times no longer hold.
+    estimator.add(_steps(3, [128], 1.6, repeat=500), now=2.0, half_life_s=1e9, shift=0.15)
+    estimate = estimator.estimate(PARAMS)
+    assert estimate.steps[2, :].sum() < 30  # below the exploration bar: tried afresh
+    assert estimate.steps[3, :].sum() == pytest.approx(0.02 * 1500 + 500, rel=1e-6)
+    # Other batch cells keep what they knew.
+    estimator.add(_steps(1, [10], 1.0, repeat=300), now=3.0, half_life_s=1e9, shift=0.15)
+    estimator.add(_steps(3, [128], 1.6, repeat=300), now=4.0, half_life_s=1e9, shift=0.15)
+    assert estimator.estimate(PARAMS).steps[1, :].sum() == pytest.approx(300, rel=1e-6)

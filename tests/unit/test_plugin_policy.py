@@ -232,3 +232,21 @@ def test_a_burst_is_not_cut_by_an_exploration_step() -> None:
 def test_a_burst_of_zero_steps_is_refused() -> None:
     with pytest.raises(ValueError, match="neighbour_burst"):
         StepPolicy(LOOKUP, explore_k=3, neighbour_interval=3, neighbour_burst=0, allowed_k=ALLOWED)
+
+
+def test_chosen_neighbours_replace_the_adjacent_ones_nearest_first() -> None:
+    policy = StepPolicy(
+        LOOKUP,
+        explore_k=3,
+        neighbour_interval=2,
+        neighbour_burst=1,
+        neighbour_ks=(0, 3),
+        allowed_k=ALLOWED,
+    )
+    ks = [policy[12] for _ in range(8)]  # table k=1: nearest first, 0 (one away) then 3
+    assert ks == [1, 0, 1, 3, 1, 0, 1, 3]
+    far = StepPolicy(
+        LOOKUP, explore_k=3, neighbour_interval=2, neighbour_ks=(3,), allowed_k=(0, 1, 2, 3)
+    )
+    assert [far[12] for _ in range(4)] == [1, 3, 1, 3]  # 2 lies between 1 and 3: 3 by choice
+    assert [far[3] for _ in range(4)] == [3, 3, 3, 3]  # where the table runs 3: nothing to explore

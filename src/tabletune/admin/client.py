@@ -26,7 +26,7 @@ class AdminRefused(PermanentError):
         self.detail = detail
 
 
-def settings_body(**fields: int | None) -> dict[str, int]:
+def settings_body(**fields: int | list[int] | None) -> dict[str, int | list[int]]:
     """The PUT settings body: the fields given (omitted ones stay as they are)."""
     return {name: value for name, value in fields.items() if value is not None}
 
@@ -100,6 +100,7 @@ class AdminClient:
         hysteresis: int | None = None,
         neighbour_interval: int | None = None,
         neighbour_burst: int | None = None,
+        neighbour_ks: list[int] | None = None,
         if_match: int | None = None,
     ) -> TableView:
         headers = {} if if_match is None else {"If-Match": f'"{if_match}"'}
@@ -108,6 +109,7 @@ class AdminClient:
             hysteresis=hysteresis,
             neighbour_interval=neighbour_interval,
             neighbour_burst=neighbour_burst,
+            neighbour_ks=neighbour_ks,
         )
         return self._call("PUT", SETTINGS_PATH, json=body, headers=headers)
 
@@ -157,6 +159,7 @@ class StateAdminClient:
         hysteresis: int | None = None,
         neighbour_interval: int | None = None,
         neighbour_burst: int | None = None,
+        neighbour_ks: list[int] | None = None,
         if_match: int | None = None,
     ) -> TableView:
         body = SettingsPut.model_validate(
@@ -165,6 +168,7 @@ class StateAdminClient:
                 hysteresis=hysteresis,
                 neighbour_interval=neighbour_interval,
                 neighbour_burst=neighbour_burst,
+                neighbour_ks=neighbour_ks,
             )
         )
         return self._apply(lambda state: state.with_settings(body, if_match=if_match))

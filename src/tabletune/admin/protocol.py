@@ -36,6 +36,10 @@ class TableView(BaseModel):
     neighbour_burst: int = Field(
         default=4, ge=1, description="consecutive steps of one neighbour burst"
     )
+    neighbour_ks: list[int] = Field(
+        default_factory=list,
+        description="the k bursts may run (other than the table's); empty: the adjacent ones",
+    )
     step_timing: bool = Field(
         default=True, description="false: no per-step work (step timing, exploration, hysteresis)"
     )
@@ -72,6 +76,9 @@ class SettingsPut(BaseModel):
     hysteresis: int | None = Field(default=None, ge=0, le=100_000)
     neighbour_interval: int | None = Field(default=None, ge=0, le=1_000_000)
     neighbour_burst: int | None = Field(default=None, ge=1, le=1_000)
+    neighbour_ks: list[Annotated[int, Field(ge=0, le=1_000)]] | None = Field(
+        default=None, max_length=64
+    )
     step_timing: bool | None = None
 
 

@@ -55,6 +55,7 @@ class TableState:
     hysteresis: int = 0
     neighbour_interval: int = 0
     neighbour_burst: int = 4
+    neighbour_ks: tuple[int, ...] = ()  # empty: the allowed k adjacent to the table's
     step_timing: bool = True
     lookup: tuple[int, ...] = field(default=(), compare=False)
 
@@ -122,6 +123,18 @@ class TableState:
 
     def with_settings(self, body: SettingsPut, *, if_match: int | None) -> TableState:
         self._check_version(if_match)
+        ks = (
+            self.neighbour_ks
+            if body.neighbour_ks is None
+            else tuple(sorted(set(body.neighbour_ks)))
+        )
+        uncaptured = sorted(set(ks) - self.allowed_k)
+        if uncaptured:
+            raise AdminError(
+                422,
+                f"neighbour_ks: k {uncaptured} not in the starting table "
+                f"(captured: {sorted(self.allowed_k)})",
+            )
         return replace(
             self,
             exploration_interval=(
@@ -138,6 +151,7 @@ class TableState:
             neighbour_burst=(
                 self.neighbour_burst if body.neighbour_burst is None else body.neighbour_burst
             ),
+            neighbour_ks=ks,
             step_timing=self.step_timing if body.step_timing is None else body.step_timing,
             version=self.version + 1,
         )
@@ -162,6 +176,7 @@ class TableState:
             hysteresis=self.hysteresis,
             neighbour_interval=self.neighbour_interval,
             neighbour_burst=self.neighbour_burst,
+            neighbour_ks=list(self.neighbour_ks),
             step_timing=self.step_timing,
             plugin_version=plugin_version,
             engine_version=engine_version,

@@ -33,6 +33,7 @@ class AdminApi(Protocol):
         hysteresis: int | None = None,
         neighbour_interval: int | None = None,
         neighbour_burst: int | None = None,
+        neighbour_ks: list[int] | None = None,
         if_match: int | None = None,
     ) -> TableView: ...
 
@@ -88,6 +89,7 @@ def _apply_one(
                 hysteresis=effect.hysteresis,
                 neighbour_interval=effect.neighbour_interval,
                 neighbour_burst=effect.neighbour_burst,
+                neighbour_ks=list(effect.neighbour_ks),
                 if_match=version,
             ),
             f"PUT settings {replica}",

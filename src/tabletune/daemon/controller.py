@@ -21,6 +21,7 @@ from tabletune.daemon.apply import AdminApi, apply_effects
 from tabletune.daemon.checks import Checks
 from tabletune.daemon.decide import Decision, Estimates
 from tabletune.daemon.estimation import UnitEstimator
+from tabletune.daemon.explore import replica_exploration
 from tabletune.daemon.guard import (
     GoodputHistory,
     goodput_sample,
@@ -89,7 +90,7 @@ class Controller:
             pool.name: StepTimeLayout(pool.step_times, pool.step_times.max_batch)
             for pool in self.pools
         }
-        self._params = StepTimeParams(**settings.step_time.model_dump(exclude={"enabled"}))
+        self._params = StepTimeParams(**settings.step_time.model_dump(exclude={"enabled", "shift"}))
         self.checks = Checks(settings, metrics, alerts)
         self.outcomes = Outcomes(settings, metrics, alerts)
         self.stopping = False
@@ -261,7 +262,10 @@ class Controller:
         rt.loads.add(obs)
         if obs.reset:
             rt.step_time.clear()  # the engine restarted, perhaps with other settings
-        rt.step_time.add(obs.step_cells, now, half_life_s=self.settings.step_time.half_life_s)
+        step_time = self.settings.step_time
+        rt.step_time.add(
+            obs.step_cells, now, half_life_s=step_time.half_life_s, shift=step_time.shift
+        )
         estimate = rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma)
         self.checks.step_time(rt, obs.step_cells, now)
         client = self.admin_for(rt.admin_url)
@@ -309,6 +313,11 @@ class Controller:
                 # live counts come from exploration alone and the first rebuild takes minutes).
                 estimate_ready=unit.rebuilds > 0 or self.settings.decision.first_sight_from_prior,
                 step_time_moved=moved,
+                explore_ks=(
+                    replica_exploration(rt, view, estimate, unit.rates, self.settings)
+                    if use_live
+                    else None
+                ),
             ),
             settings=self.settings,
             dry_run=self.dry_run,

@@ -23,6 +23,7 @@ class SetPluginSettings:
     hysteresis: int
     neighbour_interval: int
     neighbour_burst: int
+    neighbour_ks: tuple[int, ...] = ()  # empty: the adjacent k
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class PlanInputs:
     rebuilt: bool  # a_hat was rebuilt this cycle
     estimate_ready: bool  # a_hat may be decided on (rebuilt once, or first sight allowed)
     step_time_moved: bool  # T_hat where the load runs moved since the last decision
+    explore_ks: tuple[int, ...] | None = None  # directed bursts (empty: none); None: adjacent
 
 
 @dataclass(frozen=True)
@@ -61,14 +63,22 @@ class ReplicaPlan:
     held: bool = False  # a push was due but a rollback's cooldown holds it
 
 
-def wanted_settings(view: TableView, settings: DaemonSettings) -> SetPluginSettings | None:
-    """The plugin settings to set, when the replica's differ from the configured ones."""
+def wanted_settings(
+    view: TableView, settings: DaemonSettings, explore_ks: tuple[int, ...] | None = None
+) -> SetPluginSettings | None:
+    """The plugin settings to set, when the replica's differ from the wanted ones. Directed
+    bursts (``explore_ks``) run only at those k, and not at all when there are none."""
     w = settings.plugin
+    interval = w.neighbour_interval if explore_ks is None or explore_ks else 0
     wanted = SetPluginSettings(
-        w.exploration_interval, w.hysteresis, w.neighbour_interval, w.neighbour_burst
+        w.exploration_interval, w.hysteresis, interval, w.neighbour_burst, explore_ks or ()
     )
     running = SetPluginSettings(
-        view.exploration_interval, view.hysteresis, view.neighbour_interval, view.neighbour_burst
+        view.exploration_interval,
+        view.hysteresis,
+        view.neighbour_interval,
+        view.neighbour_burst,
+        tuple(view.neighbour_ks),
     )
     return None if running == wanted else wanted
 
@@ -83,7 +93,8 @@ def plan_replica(
     rt: ReplicaRuntime, inputs: PlanInputs, *, settings: DaemonSettings, dry_run: bool
 ) -> ReplicaPlan:
     effects: list[Effect] = []
-    if not dry_run and (change := wanted_settings(inputs.view, settings)) is not None:
+    change = wanted_settings(inputs.view, settings, inputs.explore_ks)
+    if not dry_run and change is not None:
         effects.append(change)
     verdict: Verdict | None = None
     if rt.pending is not None and not inputs.restart:

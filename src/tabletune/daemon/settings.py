@@ -227,7 +227,7 @@ class StepTimeSettings(_Group):
         description="decide from live step time T_hat (false: from the profile alone)",
     )
     prior_steps: float = Field(
-        default=25.0, ge=0, description="w: weight of the profile's T in each cell, in steps"
+        default=10.0, ge=0, description="w: weight of the profile's T in each cell, in steps"
     )
     half_life_s: float = Field(
         default=60.0, gt=0, description="live step-time sums fade with this half-life (seconds)"
@@ -239,6 +239,14 @@ class StepTimeSettings(_Group):
     )
     correlation: float = Field(
         default=2.0, ge=1, description="steps per independent sample (neighbouring steps agree)"
+    )
+    shift: float = Field(
+        default=0.15,
+        gt=0,
+        description=(
+            "a running k's step time moving by more than this between cycles means the "
+            "traffic changed: the other k of that batch cell are measured afresh"
+        ),
     )
 
 
@@ -256,6 +264,13 @@ class PluginSettings(_Group):
     )
     neighbour_burst: int = Field(
         default=4, ge=1, description="plugin: steps per neighbour burst (the first is not timed)"
+    )
+    neighbour_directed: bool = Field(
+        default=True,
+        description=(
+            "bursts only at the k that could beat the table's where the load runs (off when "
+            "none could); false: at the adjacent k, always"
+        ),
     )
 
 

@@ -21,6 +21,7 @@ counted as ``1/correlation`` independent samples, since neighbouring steps are a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,8 @@ from tabletune.solver import StepTimes
 from tabletune.step_cells import CellTotals, StepCells, cells_up_to
 
 FIELDS = 5  # steps, seconds, seconds_sq, tokens, requests (CellTotals order)
+SHIFT_MIN_STEPS = 200.0  # steps on each side before a shift of traffic is judged
+FORGET_ON_SHIFT = 0.02  # what a cell keeps of its past after a shift
 
 
 @dataclass(frozen=True)
@@ -125,20 +128,50 @@ class StepTimeEstimator:
         self.sums = np.zeros((len(layout.ks), len(layout.cells), FIELDS))
         self.updated_at: float | None = None
 
-    def add(self, cells: StepCells, now: float, *, half_life_s: float) -> int:
+    def add(
+        self,
+        cells: StepCells,
+        now: float,
+        *,
+        half_life_s: float,
+        shift: float = math.inf,
+    ) -> int:
         """Fade the sums to ``now``, then add one interval's increases. Returns how many
-        cells were outside the layout (an unprofiled k, or a batch beyond the profile)."""
+        cells were outside the layout (an unprofiled k, or a batch beyond the profile).
+
+        A change of traffic (a new shape: longer prompts, other contexts) moves every k's
+        step time at once, but only the k that runs shows it. When a (k, cell) with enough
+        steps on both sides moved by more than ``shift`` (relative, and well outside its
+        noise), what the cell knew of the other k is forgotten too: they count as unmeasured
+        again, so they are explored afresh instead of being judged on the old traffic."""
         if self.updated_at is not None and now > self.updated_at:
             self.sums *= 0.5 ** ((now - self.updated_at) / half_life_s)
         self.updated_at = now if self.updated_at is None else max(now, self.updated_at)
         outside = 0
+        rows: list[tuple[tuple[int, int], np.ndarray]] = []
         for (k, low, high), totals in cells.items():
             where = self.layout.index(k, low, high)
             if where is None:
                 outside += 1
                 continue
-            self.sums[where] += _as_row(totals)
+            rows.append((where, _as_row(totals)))
+        for (row, col), fresh in rows:
+            if self._shifted(self.sums[row, col], fresh, shift):
+                self.sums[:, col] *= FORGET_ON_SHIFT
+        for where, fresh in rows:
+            self.sums[where] += fresh
         return outside
+
+    @staticmethod
+    def _shifted(old: np.ndarray, fresh: np.ndarray, shift: float) -> bool:
+        if old[0] < SHIFT_MIN_STEPS or fresh[0] < SHIFT_MIN_STEPS or not math.isfinite(shift):
+            return False
+        old_mean = float(old[1] / old[0])
+        new_mean = float(fresh[1] / fresh[0])
+        new_var = max(float(fresh[2] / fresh[0]) - new_mean * new_mean, 0.0)
+        noise = math.sqrt(new_var / float(fresh[0]))
+        change = abs(new_mean - old_mean)
+        return change > shift * old_mean and change > 4.0 * noise
 
     def clear(self) -> None:
         """Forget live data (the engine restarted, possibly with other settings)."""

@@ -124,6 +124,7 @@ class EngineTableController:
                 hysteresis=state.hysteresis,
                 neighbour_interval=state.neighbour_interval,
                 neighbour_burst=state.neighbour_burst,
+                neighbour_ks=state.neighbour_ks,
                 allowed_k=state.allowed_k,
                 steps=previous.steps if previous is not None else 0,
                 # Hysteresis holds the k of the previous step while the load sits near an edge

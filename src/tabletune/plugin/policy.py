@@ -42,12 +42,20 @@ def hysteresis_masks(lookup: Sequence[int], hysteresis: int) -> tuple[int, ...]:
     return tuple(masks)
 
 
-def neighbour_table(allowed_k: Iterable[int], ks: Iterable[int]) -> dict[int, tuple[int, ...]]:
-    """For each k of ``ks``: its neighbours among ``allowed_k``, next-lower first, then
-    next-higher (either may be missing; none when k is the only allowed length)."""
+def neighbour_table(
+    allowed_k: Iterable[int], ks: Iterable[int], chosen: Iterable[int] = ()
+) -> dict[int, tuple[int, ...]]:
+    """For each k of ``ks``: the lengths its bursts run in turn. Without ``chosen``: its
+    neighbours among ``allowed_k``, next-lower first, then next-higher (either may be missing;
+    none when k is the only allowed length). With ``chosen`` (the daemon's pick): those other
+    than k, nearest first (lower first on a tie)."""
     allowed = sorted(set(allowed_k))
+    picked = sorted(set(chosen))
     out = {}
     for k in set(ks):
+        if picked:
+            out[k] = tuple(sorted((a for a in picked if a != k), key=lambda a: (abs(a - k), a)))
+            continue
         lower = [a for a in allowed if a < k]
         higher = [a for a in allowed if a > k]
         out[k] = (*lower[-1:], *higher[:1])
@@ -98,6 +106,7 @@ class StepPolicy:
         hysteresis: int = 0,
         neighbour_interval: int = 0,
         neighbour_burst: int = 1,
+        neighbour_ks: Iterable[int] = (),
         allowed_k: Iterable[int] = (),
         steps: int = 0,
         previous_k: int | None = None,
@@ -120,7 +129,7 @@ class StepPolicy:
         self._burst = neighbour_burst
         self._burst_k = 0
         self._burst_left = 0
-        self._neighbours = neighbour_table(allowed, {*self._lookup[1:], *allowed})
+        self._neighbours = neighbour_table(allowed, {*self._lookup[1:], *allowed}, neighbour_ks)
         self._previous_k = previous_k
         self.steps = steps
         self.exploration_steps = 0
@@ -155,7 +164,7 @@ class StepPolicy:
                 # Alternate: even-numbered neighbour steps take the first (lower where there is
                 # one), odd ones the last (higher where there is one).
                 bursts = self.neighbour_steps // self._burst
-                pick = neighbours[-1] if bursts & 1 else neighbours[0]
+                pick = neighbours[bursts % len(neighbours)]
                 self.neighbour_steps += 1
                 self._burst_k, self._burst_left = pick, self._burst - 1
                 return pick

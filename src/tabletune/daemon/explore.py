@@ -1,0 +1,100 @@
+"""Where the plugin's neighbour bursts should go, pure: the allowed k that could still beat
+the table's k where the load runs.
+
+A k is worth exploring at a loaded batch size when its optimistic goodput beats the table's k
+there: measured (enough live steps), its step time one uncertainty band faster than
+estimated; never measured there, what the profile promises. A k that live steps have shown
+to be worse drops out, so the bursts stop paying for it; a k the table cannot reach by small
+steps (k=3 running where k=1 is best) is still tried. With nothing worth trying the daemon
+turns the bursts off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from tabletune.admin.protocol import TableView
+from tabletune.daemon.guard import view_ranges
+from tabletune.daemon.runtime import ReplicaRuntime
+from tabletune.daemon.settings import DaemonSettings
+from tabletune.daemon.step_time import StepTimeEstimate
+from tabletune.solver import StepTimes, dense_lookup, tau
+from tabletune.step_cells import cell_of
+
+# Live steps a (k, batch cell) needs before its own estimate, rather than the profile's
+# promise, says whether that k is worth exploring.
+MIN_STEPS = 30.0
+
+
+def loaded_batches(load_weights: Mapping[int, float], *, min_share: float) -> list[int]:
+    """Batch sizes holding at least ``min_share`` of the load (the heaviest one always)."""
+    total = sum(load_weights.values())
+    if total <= 0:
+        return []
+    heaviest = max(load_weights, key=lambda b: load_weights[b])
+    return sorted({heaviest} | {b for b, w in load_weights.items() if w / total >= min_share})
+
+
+def exploration_ks(
+    estimate: StepTimeEstimate,
+    profile: StepTimes,
+    rates: Sequence[float],
+    table_lookup: Sequence[int],
+    load_weights: Mapping[int, float],
+    allowed_k: Collection[int],
+    *,
+    min_steps: float,
+    z: float,
+    min_share: float = 0.05,
+) -> tuple[int, ...]:
+    """The k bursts should run (sorted; empty: none is worth it). ``table_lookup[B]`` is the
+    table's k at batch size B (vLLM's dense form, index 0 unused)."""
+    top = min(estimate.step_times.max_batch, len(table_lookup) - 1)
+    column = {cell: j for j, cell in enumerate(estimate.cells)}
+    rows = {k: i for i, k in enumerate(estimate.ks)}
+    chosen: set[int] = set()
+    for batch in loaded_batches(load_weights, min_share=min_share):
+        b = min(max(1, batch), top)
+        current = table_lookup[b]
+        if current not in rows:
+            continue
+        estimated = estimate.step_times.at(b, current)
+        best = b * tau(rates, current) / estimated
+        j = column[cell_of(b)]
+        for k in allowed_k:
+            if k == current or k not in rows:
+                continue
+            i = rows[k]
+            if estimate.steps[i, j] >= min_steps:
+                hopeful = estimate.step_times.at(b, k) * (
+                    1.0 - z * float(estimate.relative_sigma[i, b - 1])
+                )
+            else:
+                hopeful = profile.at(b, k)
+            if hopeful > 0 and b * tau(rates, k) / hopeful > best:
+                chosen.add(k)
+    return tuple(sorted(chosen))
+
+
+def replica_exploration(
+    rt: ReplicaRuntime,
+    view: TableView,
+    estimate: StepTimeEstimate,
+    rates: Sequence[float],
+    settings: DaemonSettings,
+) -> tuple[int, ...] | None:
+    """The k worth neighbour bursts on this replica (None: the plugin's adjacent k)."""
+    ranges = view_ranges(view)
+    if not settings.plugin.neighbour_directed or ranges is None:
+        return None
+    top = min(view.max_num_seqs, rt.pool.step_times.max_batch)
+    return exploration_ks(
+        estimate,
+        rt.pool.step_times,
+        rates,
+        dense_lookup(ranges, top, view.num_speculative_tokens),
+        rt.loads.clipped(top),
+        set(view.allowed_k) & set(rt.pool.step_times.ks),
+        min_steps=MIN_STEPS,
+        z=settings.decision.confidence_z,
+    )

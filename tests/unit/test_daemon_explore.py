@@ -1,0 +1,114 @@
+"""Directed neighbour bursts: which k are worth exploring where the load runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tabletune.daemon.explore import exploration_ks, loaded_batches
+from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout, StepTimeParams
+from tabletune.solver import StepTimes
+from tabletune.step_cells import StepCellCounter
+
+GRID = (1, 8, 16, 64, 128, 256)
+KS = (0, 1, 2, 3)
+RATES = (0.75, 0.55, 0.40)
+# k=3 is best everywhere by the profile (cheap longer drafts).
+PROFILE = StepTimes(
+    grid=GRID, ks=KS, ms=np.vstack([np.array([5, 5, 6, 8, 10, 20.0]) * (1 + 0.02 * k) for k in KS])
+)
+PARAMS = StepTimeParams(prior_steps=10.0, correlation=1.0)
+LOOKUP_K3 = [0] + [3] * 256
+
+
+def estimate_with(runs: dict[int, float], batch: int = 128, steps: int = 400) -> object:
+    """Live steps at ``batch``: k -> factor of the profile's step time."""
+    counter = StepCellCounter()
+    for k, factor in runs.items():
+        for _ in range(steps):
+            ms = PROFILE.at(batch, k) * factor
+            counter.record(batch_size=batch, k=k, duration_s=ms / 1e3, tokens=batch * (k + 1))
+    estimator = StepTimeEstimator(StepTimeLayout(PROFILE, 256))
+    estimator.add(counter.totals(), now=0.0, half_life_s=60.0)
+    return estimator.estimate(PARAMS)
+
+
+def ks_for(estimate: object, *, load: int = 128) -> tuple[int, ...]:
+    return exploration_ks(
+        estimate,  # type: ignore[arg-type]
+        PROFILE,
+        RATES,
+        LOOKUP_K3,
+        {load: 1.0},
+        KS,
+        min_steps=30,
+        z=1.0,
+    )
+
+
+def test_before_any_live_data_every_k_the_profile_says_could_win_is_tried() -> None:
+    # Right at the profile, the table's k=3 is best: no other k promises more.
+    assert ks_for(estimate_with({3: 1.0})) == ()
+
+
+def test_a_slow_running_k_makes_the_unmeasured_ones_worth_a_try() -> None:
+    # k=3 runs 2x the profile (G = 128 * 2.7 / 21.2 = 16.3 per ms): k=2 (28.3 by the profile)
+    # and the far k=1 (22.0; the table could not reach it one step at a time) are tried; k=0
+    # (12.8) could not win even as the profile promises.
+    assert ks_for(estimate_with({3: 2.0})) == (1, 2)
+
+
+def test_a_k_measured_to_be_worse_drops_out() -> None:
+    # k=2 measured as slow as k=3 is (2x): it cannot win; k=1 is still unmeasured.
+    assert ks_for(estimate_with({3: 2.0, 2: 2.0})) == (1,)
+    # ... and once every k is measured worse, bursts stop.
+    assert ks_for(estimate_with({3: 1.0, 2: 1.5, 1: 1.5, 0: 1.5})) == ()
+
+
+def test_a_measured_k_that_is_better_stays_until_the_table_moves() -> None:
+    assert 2 in ks_for(estimate_with({3: 2.0, 2: 1.0}))
+
+
+def test_no_load_no_exploration() -> None:
+    assert (
+        exploration_ks(
+            estimate_with({3: 2.0}),  # type: ignore[arg-type]
+            PROFILE,
+            RATES,
+            LOOKUP_K3,
+            {},
+            KS,
+            min_steps=30,
+            z=1.0,
+        )
+        == ()
+    )
+
+
+@given(
+    st.dictionaries(
+        st.integers(min_value=1, max_value=256),
+        st.floats(min_value=0.0, max_value=100.0),
+        max_size=12,
+    ),
+    st.floats(min_value=0.01, max_value=0.5),
+)
+def test_loaded_batches_hold_the_heaviest_and_every_share_above_the_floor(
+    weights: dict[int, float], share: float
+) -> None:
+    chosen = loaded_batches(weights, min_share=share)
+    total = sum(weights.values())
+    if total <= 0:
+        assert chosen == []
+        return
+    assert max(weights, key=lambda b: weights[b]) in chosen
+    assert all(b in chosen for b, w in weights.items() if w / total >= share)
+    assert chosen == sorted(set(chosen))
+
+
+@pytest.mark.parametrize("load", [1, 16, 200, 256])
+def test_explored_k_are_allowed_and_never_the_tables_own(load: int) -> None:
+    chosen = ks_for(estimate_with({3: 3.0}, batch=load), load=load)
+    assert set(chosen) <= set(KS) and 3 not in chosen
