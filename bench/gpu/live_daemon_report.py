@@ -1,0 +1,155 @@
+"""bench/gpu/live_daemon.py's JSON -> bench/results/live_daemon_h200.json (one H200 launch).
+
+What it reports:
+- fixed-k references (tokens/s per window, mean, spread), in the fixed-k part and again after
+  the daemon part, rotated with the daemon's last table;
+- neighbour bursts: the mean step time of the k=2 steps measured inside bursts on a k=3 table
+  against the fixed k=2 arms' (the plugin leaves each burst's first step out of the cells);
+- the daemon part: tokens/s per window and the table it ran, and its loss against the best
+  fixed k measured in the same rotation;
+- a replay: the step cells the daemon part recorded, fed window by window into this
+  checkout's estimator and decision (what the daemon at this commit would have decided on
+  the same counters). A replay, not a live run: it is labelled as such.
+
+    .venv/bin/python bench/gpu/live_daemon_report.py RAW.json [--out OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tabletune import __version__  # noqa: E402
+from tabletune.admin.state import TableState  # noqa: E402
+from tabletune.daemon.decide import Estimates, decide  # noqa: E402
+from tabletune.daemon.profiles import load_pools  # noqa: E402
+from tabletune.daemon.settings import load_settings  # noqa: E402
+from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout, StepTimeParams  # noqa: E402
+from tabletune.step_cells import CellTotals, cells_from_wire  # noqa: E402
+
+Row = dict[str, Any]
+
+
+def spread(values: list[float]) -> Row:
+    mean = statistics.fmean(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"tokens_per_s": values, "mean": mean, "stdev": sd, "cv": sd / mean if mean else None}
+
+
+def arm_windows(raw: Row, part: str, arm: str) -> list[Row]:
+    return [w for w in raw["windows"] if w["part"] == part and w["arm"] == arm]
+
+
+def mean_step_ms(windows: list[Row], k: int) -> float | None:
+    steps = seconds = 0.0
+    for window in windows:
+        cells, _ = cells_from_wire(window["cells"])
+        for (cell_k, _, _), totals in cells.items():
+            if cell_k == k:
+                steps += totals.steps
+                seconds += totals.seconds
+    return 1000.0 * seconds / steps if steps else None
+
+
+def replay(raw: Row, *, rates: tuple[float, ...], load: int) -> list[Row]:
+    """The daemon part's recorded step cells through this checkout's estimator and decision."""
+    meta = raw["meta"]["daemon"]
+    settings = load_settings({"TABLETUNE_PROFILE__PATHS": str(ROOT / meta["profile"])})
+    pool = load_pools(settings.profile)[0]
+    estimator = StepTimeEstimator(StepTimeLayout(pool.step_times, pool.step_times.max_batch))
+    params = StepTimeParams(**settings.step_time.model_dump(exclude={"enabled", "shift"}))
+    plugin = settings.plugin
+    state = replace(
+        TableState.initial(meta["start_table"], num_speculative_tokens=3, max_num_seqs=256),
+        exploration_interval=plugin.exploration_interval,
+        hysteresis=plugin.hysteresis,
+    )
+    view = state.view(plugin_version=__version__, engine_version="0.26.0")
+    out = []
+    elapsed = 0.0
+    for window in raw["windows"]:
+        if window["part"] != "daemon":
+            continue
+        elapsed += window["wall_s"]
+        cells: dict[Any, CellTotals] = cells_from_wire(window["cells"])[0]
+        estimator.add(cells, elapsed, half_life_s=settings.step_time.half_life_s)
+        estimate = estimator.estimate(params, prior_sigma=pool.relative_sigma)
+        decision = decide(
+            estimates=Estimates(estimate.step_times, rates, estimate.relative_sigma),
+            view=view,
+            load_weights={load: 1.0},
+            settings=settings.decision,
+            min_width=2 * plugin.hysteresis + 1,
+        )
+        new = decision.new or ()
+        k_at_load = next((k for start, end, k in new if start <= load <= end), None)
+        out.append({"after_s": round(elapsed, 1), "push": decision.push, "k_at_load": k_at_load,
+                    "reason": decision.reason})  # fmt: skip
+    return out
+
+
+def report(raw: Row) -> Row:
+    references = [w for w in raw["windows"] if w["part"] in ("fixed-k", "after-daemon")]
+    fixed = {
+        arm: [w["tokens_per_s"] for w in references if w["arm"] == arm] for arm in ("k2", "k3")
+    }
+    best = max(statistics.fmean(v) for v in fixed.values())
+    daemon = [w["tokens_per_s"] for w in raw["windows"] if w["part"] == "daemon"]
+    last_table = [w["tokens_per_s"] for w in arm_windows(raw, "after-daemon", "daemon")]
+    bursts = [w for w in raw["windows"] if w["part"] == "bursts"]
+    fixed_k2 = arm_windows(raw, "fixed-k", "k2") + arm_windows(raw, "after-daemon", "k2")
+    load = round(statistics.fmean(w["mean_running"] for w in raw["windows"] if w["mean_running"]))
+    replayed = replay(raw, rates=tuple(raw["meta"]["synthetic_rates"]), load=load)
+    first_switch = next((r["after_s"] for r in replayed if r["k_at_load"] not in (None, 3)), None)
+    daemon_table = raw.get("daemon_table")
+    return {
+        "meta": raw["meta"],
+        "fixed_k": {arm: spread(values) for arm, values in fixed.items()},
+        "bursts": {
+            "k2_step_ms_in_bursts": mean_step_ms(bursts, 2),
+            "k2_step_ms_fixed_arms": mean_step_ms(fixed_k2, 2),
+        },
+        "daemon": {
+            "windows": spread(daemon),
+            "table_at_end": daemon_table,
+            "last_table_rotated_with_fixed_k": spread(last_table) if last_table else None,
+            "loss_vs_best_fixed_k": 1.0 - statistics.fmean(daemon) / best,
+        },
+        "replay_at_this_commit": {
+            "note": "the daemon part's recorded step cells fed into this checkout's estimator "
+            "and decision window by window: what it would decide on the same counters; not a "
+            "live run",
+            "load": load,
+            "decisions": replayed,
+            "first_switch_off_k3_after_s": first_switch,
+        },
+        "errors": raw["errors"],
+        "skipped": raw["skipped"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "live_daemon_h200.json"))
+    args = parser.parse_args()
+    raw = json.loads(Path(args.raw).read_text())
+    result = report(raw)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("fixed_k", "bursts")}, indent=1))
+    print(json.dumps(result["daemon"], indent=1))
+    print(json.dumps(result["replay_at_this_commit"]["first_switch_off_k3_after_s"]))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
