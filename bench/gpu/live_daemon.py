@@ -204,17 +204,22 @@ async def run(args: argparse.Namespace) -> int:
         live.save()
         return 1
     per_window = args.window_s + args.settle_s + 1.5
+    parts = set(args.parts.split(","))
     load = ClosedLoop(args.base, args.model, args.clients, seed=1, lengths=Lengths())
     await live.part("warmup", args.warmup_s, lambda: asyncio.sleep(args.warmup_s))
     arms = abba(("k2", "k3"), args.rounds)
-    await live.part("fixed-k", len(arms) * per_window,
-                    lambda: live.fixed("fixed-k", arms, args.window_s))  # fmt: skip
-    await live.part("bursts", args.burst_window_s + 8, live.bursts)
-    await live.part("daemon", args.daemon_s + 4 * per_window, live.daemon)
+    if "fixed-k" in parts:
+        await live.part("fixed-k", len(arms) * per_window,
+                        lambda: live.fixed("fixed-k", arms, args.window_s))  # fmt: skip
+    if "bursts" in parts:
+        await live.part("bursts", args.burst_window_s + 8, live.bursts)
+    if "daemon" in parts:
+        await live.part("daemon", args.daemon_s + 4 * per_window, live.daemon)
     await load.drain()
-    load = ClosedLoop(args.base, args.model, args.clients, seed=2, lengths=FIXED_LENGTHS)
-    await live.part("overhead", 6 * (args.overhead_window_s + 4) + 10, live.overhead)
-    await load.drain()
+    if "overhead" in parts:
+        load = ClosedLoop(args.base, args.model, args.clients, seed=2, lengths=FIXED_LENGTHS)
+        await live.part("overhead", 6 * (args.overhead_window_s + 4) + 10, live.overhead)
+        await load.drain()
     live.save()
     print(f"wrote {args.out}", flush=True)
     return 0 if not result["errors"] else 2
@@ -246,6 +251,7 @@ def main() -> int:
     parser.add_argument("--work", default="/tmp")
     parser.add_argument("--overhead-window-s", type=float, default=8)
     parser.add_argument("--overhead-rounds", type=int, default=5)
+    parser.add_argument("--parts", default="fixed-k,bursts,daemon,overhead")
     args = parser.parse_args()
     return asyncio.run(run(args))
 
