@@ -67,7 +67,7 @@ def _inputs(**changes: object) -> PlanInputs:
         restart=False,
         estimates=Estimates(step_times=POOL.step_times, rates=POOL.prior),
         load_weights={40: 1.0},
-        rebuilt=False,
+        rates_moved=False,
         estimate_ready=True,
         step_time_moved=False,
     )
@@ -81,7 +81,7 @@ def test_nothing_due_nothing_done() -> None:
 
 @pytest.mark.parametrize(
     "due",
-    [{"rebuilt": True}, {"restart": True}, {"step_time_moved": True}],
+    [{"rates_moved": True}, {"restart": True}, {"step_time_moved": True}],
 )
 def test_a_reason_to_decide_pushes_a_better_table(due: dict[str, bool]) -> None:
     plan = plan_replica(_runtime(), _inputs(**due), settings=SETTINGS, dry_run=False)
@@ -90,7 +90,7 @@ def test_a_reason_to_decide_pushes_a_better_table(due: dict[str, bool]) -> None:
 
 
 def test_wrong_plugin_settings_come_first_and_dry_run_changes_nothing() -> None:
-    inputs = _inputs(view=_view(exploration=0, hysteresis=0), rebuilt=True)
+    inputs = _inputs(view=_view(exploration=0, hysteresis=0), rates_moved=True)
     plan = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)
     assert plan.effects[0] == SetPluginSettings(50, 2, 32, 4)
     assert isinstance(plan.effects[1], PushTable)
@@ -107,7 +107,7 @@ def test_a_push_that_lowered_goodput_is_rolled_back_instead_of_deciding() -> Non
         pushed_at=NOW - 150, pushed=((1, 128, 3),), previous=((1, 128, 1),), before=before
     )
     rt = _runtime(pending=pending, history=history)
-    plan = plan_replica(rt, _inputs(rebuilt=True), settings=SETTINGS, dry_run=False)
+    plan = plan_replica(rt, _inputs(rates_moved=True), settings=SETTINGS, dry_run=False)
     assert plan.verdict is not None and plan.verdict.outcome == "drop"
     assert plan.effects == (RollBack(pending, plan.verdict),)
     assert plan.decision is None
@@ -115,7 +115,7 @@ def test_a_push_that_lowered_goodput_is_rolled_back_instead_of_deciding() -> Non
 
 def test_a_rollback_cooldown_holds_the_next_push() -> None:
     rt = _runtime(hold_until=NOW + 60)
-    plan = plan_replica(rt, _inputs(rebuilt=True), settings=SETTINGS, dry_run=False)
+    plan = plan_replica(rt, _inputs(rates_moved=True), settings=SETTINGS, dry_run=False)
     assert plan.held and plan.effects == ()
 
 

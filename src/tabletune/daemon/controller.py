@@ -31,7 +31,7 @@ from tabletune.daemon.loads import LoadTracker
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.daemon.outcomes import Outcomes
-from tabletune.daemon.plan import PlanInputs, plan_replica
+from tabletune.daemon.plan import PlanInputs, estimates_moved, plan_replica
 from tabletune.daemon.profiles import PoolProfile, pool_for
 from tabletune.daemon.retry import with_retries
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
@@ -289,9 +289,8 @@ class Controller:
         self._adopt_view(rt, view)
         use_live = self.settings.step_time.enabled
         ratio = estimate.ratio if use_live else np.ones_like(estimate.ratio)
-        moved = rt.decided_ratio is not None and bool(
-            np.max(np.abs(ratio / np.asarray(rt.decided_ratio).reshape(ratio.shape) - 1.0))
-            > self.settings.decision.replan_change
+        step_time_moved, rates_moved = estimates_moved(
+            rt, ratio, unit.rates, replan_change=self.settings.decision.replan_change
         )
         plan = plan_replica(
             rt,
@@ -307,12 +306,12 @@ class Controller:
                     ),
                 ),
                 load_weights=rt.loads.weights,
-                rebuilt=rebuilt,
+                rates_moved=rebuilt and rates_moved,
                 # Before the first rebuild the estimate is the profile's prior: deciding from
                 # it at first sight repairs a bad starting table at once (where it runs k=0 the
                 # live counts come from exploration alone and the first rebuild takes minutes).
                 estimate_ready=unit.rebuilds > 0 or self.settings.decision.first_sight_from_prior,
-                step_time_moved=moved,
+                step_time_moved=step_time_moved,
                 explore_ks=(
                     replica_exploration(rt, view, estimate, unit.rates, self.settings)
                     if use_live
@@ -337,7 +336,7 @@ class Controller:
                 "push held after a rollback", replica=rt.replica, for_s=round(rt.hold_until - now)
             )
         if plan.decision is not None:
-            self._note_decision(rt, plan.decision, ratio, report)
+            self._note_decision(rt, plan.decision, ratio, unit.rates, report)
         if not plan.effects:
             return
         applied = apply_effects(rt.replica, plan.effects, view, client, call=self._call)
@@ -376,11 +375,16 @@ class Controller:
             self.metrics.set_table(rt.replica, current, view.version)
 
     def _note_decision(
-        self, rt: ReplicaRuntime, decision: Decision, ratio: np.ndarray, report: CycleReport
+        self,
+        rt: ReplicaRuntime,
+        decision: Decision,
+        ratio: np.ndarray,
+        rates: tuple[float, ...],
+        report: CycleReport,
     ) -> None:
         report.decisions[rt.replica] = decision
         rt.needs_decision = False
-        rt.decided_ratio = tuple(float(x) for x in ratio.ravel())
+        rt.decided_ratio, rt.decided_rates = ratio, rates
         if decision.gain is not None:
             self.metrics.predicted_gain.labels(rt.replica).set(decision.gain)
         if decision.push and self.dry_run:

@@ -7,8 +7,10 @@ push. Nothing here talks to a replica; ``daemon.apply`` executes the effects, la
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from tabletune.admin.protocol import TableView
 from tabletune.daemon.decide import Decision, Estimates, decide
@@ -49,7 +51,7 @@ class PlanInputs:
     restart: bool  # counters or the table version went back
     estimates: Estimates
     load_weights: Mapping[int, float]
-    rebuilt: bool  # a_hat was rebuilt this cycle
+    rates_moved: bool  # a_hat was rebuilt and moved since the last decision
     estimate_ready: bool  # a_hat may be decided on (rebuilt once, or first sight allowed)
     step_time_moved: bool  # T_hat where the load runs moved since the last decision
     explore_ks: tuple[int, ...] | None = None  # directed bursts (empty: none); None: adjacent
@@ -83,6 +85,24 @@ def wanted_settings(
     return None if running == wanted else wanted
 
 
+# a_hat must move by more than this (absolute, at some position) to call for a new decision:
+# near-ties aside, a change that small cannot move a table past the gain threshold.
+RATES_REPLAN = 0.005
+
+
+def estimates_moved(
+    rt: ReplicaRuntime, ratio: np.ndarray, rates: Sequence[float], *, replan_change: float
+) -> tuple[bool, bool]:
+    """(T_hat moved, a_hat moved) since the replica's last decision."""
+    ratio_moved = rt.decided_ratio is not None and bool(
+        np.max(np.abs(ratio / rt.decided_ratio - 1.0)) > replan_change
+    )
+    rates_moved = rt.decided_rates is None or any(
+        abs(a - b) > RATES_REPLAN for a, b in zip(rates, rt.decided_rates, strict=False)
+    )
+    return ratio_moved, rates_moved
+
+
 def min_range_width(settings: DaemonSettings) -> int:
     """No range narrower than the plugin's hysteresis band (a load inside a narrower range
     would keep the k of a neighbour and never run it)."""
@@ -106,7 +126,7 @@ def plan_replica(
         )
         if verdict.outcome == "drop" and not dry_run:
             return ReplicaPlan((*effects, RollBack(rt.pending, verdict)), verdict=verdict)
-    due = inputs.rebuilt or (
+    due = inputs.rates_moved or (
         inputs.estimate_ready and (inputs.restart or rt.needs_decision or inputs.step_time_moved)
     )
     if not due:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tabletune.admin.protocol import TableView
 from tabletune.daemon.decide import Decision
 from tabletune.daemon.guard import GoodputHistory, PendingCheck
@@ -29,7 +31,9 @@ class ReplicaRuntime:
     needs_decision: bool = True  # first sight, a failed push, a version race, a restart
     view: TableView | None = None
     view_read_at: float = 0.0
-    decided_ratio: tuple[float, ...] | None = None  # T_hat / profile at the last decision
+    # What the last decision was made from: T_hat / profile per cell, and a_hat.
+    decided_ratio: np.ndarray | None = None
+    decided_rates: tuple[float, ...] | None = None
 
 
 @dataclass

@@ -107,6 +107,11 @@ class StepTimeLayout:
             ]
         )
         self.prior_ms = profile.dense(max_batch)  # rows ks, columns B-1
+        # (cells x B) weights: a row averages a per-B quantity over that cell's batch sizes
+        self.cell_average = np.zeros((len(self.cells), max_batch))
+        for j, (low, high) in enumerate(self.cells):
+            top = min(high, max_batch)
+            self.cell_average[j, low - 1 : top] = 1.0 / (top - low + 1)
         self._grid = np.asarray(profile.grid, dtype=float)
 
     def index(self, k: int, low: int, high: int) -> tuple[int, int] | None:
@@ -246,9 +251,7 @@ class StepTimeEstimator:
             return np.full(shape, params.prior_sigma)
         if prior_sigma.shape != (len(layout.ks), layout.max_batch):
             raise ValueError(f"prior_sigma shape {prior_sigma.shape} != {layout.prior_ms.shape}")
-        per_cell = np.zeros(shape)
-        for j, (low, high) in enumerate(layout.cells):
-            per_cell[:, j] = prior_sigma[:, low - 1 : min(high, layout.max_batch)].mean(axis=1)
+        per_cell = prior_sigma @ layout.cell_average.T  # each cell's mean over its batch sizes
         return np.maximum(per_cell, params.prior_sigma)
 
 

@@ -96,9 +96,12 @@ def interpolate_rows(grid: Sequence[int], rows: np.ndarray, max_batch: int) -> n
         raise SolverError("max_batch must be >= 1")
     if max_batch > grid[-1]:
         raise SolverError(f"max_batch={max_batch} is beyond the profiled grid (up to {grid[-1]})")
+    values = np.asarray(rows, dtype=float)
+    if len(grid) >= max_batch and grid[max_batch - 1] == max_batch:  # dense 1..max_batch already
+        return values[:, :max_batch].copy()
     batch = np.arange(1, max_batch + 1, dtype=float)
     points = np.asarray(grid, dtype=float)
-    return np.vstack([np.interp(batch, points, row) for row in np.asarray(rows, dtype=float)])
+    return np.vstack([np.interp(batch, points, row) for row in values])
 
 
 def goodput_matrix(step_times: StepTimes, rates: Sequence[float], max_batch: int) -> np.ndarray:

@@ -61,7 +61,10 @@ def dense_lookup(ranges: Sequence[Range], max_batch: int, max_k: int) -> list[in
     """vLLM's dense lookup: ``lookup[b]`` is k at batch size b (index 0 unused), capped at K."""
     if max_k <= 0:
         raise SolverError(f"max_k must be > 0, got {max_k}")
-    return [0, *(min(k, max_k) for k in expand(ranges, max_batch))]
+    per_batch = expand(ranges, max_batch)
+    if max(per_batch) <= max_k:  # the usual case: nothing to cap
+        return [0, *per_batch]
+    return [0, *(min(k, max_k) for k in per_batch)]
 
 
 def ranges_from_lookup(lookup: Sequence[int]) -> tuple[Range, ...]:
