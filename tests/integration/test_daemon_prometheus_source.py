@@ -127,7 +127,13 @@ def settle(prom: PrometheusServer, expected: float, expr: str = GENERATED) -> No
 
 
 def traffic(vllm: FakeVllm, drafts: int) -> float:
-    """``drafts`` requests at B=8, k=3; returns the engine's generated-token total after."""
+    """``drafts`` requests at B=8, k=3; returns the engine's generated-token total after.
+
+    It waits out a scrape first (longer than the 100 ms scrape timeout): Prometheus stamps a
+    sample with the scrape's start, so a slow scrape that began before the last window edge
+    could otherwise read traffic sent after it, and the count would land before the edge (seen
+    once on a loaded machine; the daemon's default query delay of 5 s keeps it from serving)."""
+    time.sleep(0.25)
     vllm.traffic("0", drafts=drafts, batch=8, k=3, step_s=0.01)
     return float(vllm.tokens.labels("0", "m")._value.get())
 
