@@ -17,6 +17,7 @@ from tabletune.profiler.errors import MeasurementError
 from tabletune.profiler.step_reading import (
     StepReading,
     parse_step_reading,
+    window_broken,
     window_problem,
     window_totals,
 )
@@ -133,7 +134,8 @@ def test_anything_but_b_requests_decoding_is_refused(
 
 def test_prefill_only_steps_are_refused() -> None:
     plain = window(k0_b7=steps(0, 7, 10))
-    assert window_problem(StepReading(plain.cells, 1), 7, 0) == "B=7 k=0: 1 prefill-only steps"
+    problem = window_problem(StepReading(plain.cells, 1), 7, 0)
+    assert problem == "B=7 k=0: steps at other batch sizes (1 prefill-only)"
 
 
 def test_under_a_stream_arrivals_count_with_b_but_fewer_requests_do_not() -> None:
@@ -144,7 +146,7 @@ def test_under_a_stream_arrivals_count_with_b_but_fewer_requests_do_not() -> Non
     assert both.steps == 34 and both.tokens == 30 * 10 + 4 * 12 + 400
     short = window(k1_b5=steps(1, 5, 30), k1_b4=steps(1, 4, 2))
     problem = window_problem(short, 5, 1, stream=True)
-    assert problem is not None and "fewer than B requests (4)" in problem
+    assert problem is not None and "other batch sizes (4)" in problem
 
 
 @given(
@@ -162,3 +164,13 @@ def test_exactly_b_decoding_passes_and_any_other_batch_at_k_fails(
         key = cell_key(k, other)
         cells[key] = cells.get(key, CellTotals()) + steps(k, other, 1)
         assert window_problem(StepReading(cells), batch, k) is not None
+
+
+def test_a_window_is_broken_once_it_holds_wrong_steps_not_while_it_is_only_short() -> None:
+    switching = StepReading(window(k1_b5=steps(1, 5, 3)).cells, 0, switch_steps=1)
+    assert window_problem(switching, 5, 2) == "B=5 k=2: no step in the window"
+    assert not window_broken(switching, 5, 2)  # the old k's tail: wait for steps at k=2
+    ended = window(k1_b5=steps(1, 5, 3), k2_b4=steps(2, 4, 2))
+    assert window_broken(ended, 5, 2)  # a request ended: waiting will not help
+    assert window_broken(window(k3_b40=steps(3, 40, 1) + steps(3, 39, 1)), 40, 3)
+    assert not window_broken(window(k2_b5=steps(2, 5, 3)), 5, 2)

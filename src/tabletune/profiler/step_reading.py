@@ -40,6 +40,7 @@ WITHOUT_DECODE = f"{names.TT_STEPS_WITHOUT_DECODE}_total"
 SWITCH_STEPS = f"{names.TT_SWITCH_STEPS}_total"
 _PREFIXES = ("tabletune_step", "tabletune_k_switch")
 STREAM_OVERLAP = 8
+NO_STEPS = "no step in the window"
 """under a prefill stream, steps with up to this many requests beyond B count as B's"""
 
 
@@ -130,6 +131,20 @@ def window_totals(window: StepReading, batch: int, k: int, *, stream: bool) -> C
     return out
 
 
+def _strays(window: StepReading, batch: int, *, stream: bool) -> list[str]:
+    """Steps that show a batch size other than B's (any k), and prefill-only steps."""
+    if stream:
+        cells = {cell_label((low, high)) for (_, low, high) in window.cells if high < batch}
+        return sorted(cells)
+    others = {cell_label((low, high)) for (_, low, high) in window.cells} - {
+        cell_label(cell_of(batch))
+    }
+    without = (
+        [f"{window.steps_without_decode:.0f} prefill-only"] if window.steps_without_decode else []
+    )
+    return sorted(others) + without
+
+
 def window_problem(window: StepReading, batch: int, k: int, *, stream: bool = False) -> str | None:
     """Why the window's steps at k are not B requests decoding (None: they are).
 
@@ -140,28 +155,27 @@ def window_problem(window: StepReading, batch: int, k: int, *, stream: bool = Fa
     """
     mine = window_totals(window, batch, k, stream=stream)
     where = f"B={batch} k={k}"
+    strays = _strays(window, batch, stream=stream)
+    if strays:
+        return f"{where}: steps at other batch sizes ({', '.join(strays)})"
     if mine.steps <= 0:
-        return f"{where}: no step in the window"
-    if not stream:
-        if not _same(mine.requests, mine.steps * batch):
-            return f"{where}: {mine.mean_batch:.2f} requests per step in its cell, not {batch}"
-        extra = mine.tokens - mine.steps * batch * (1 + k)
-        if not _same(extra, 0.0):
-            return f"{where}: {extra / mine.steps:+.1f} tokens per step beyond B*(1+k): prefill"
-        if window.steps_without_decode > 0:
-            return f"{where}: {window.steps_without_decode:.0f} prefill-only steps"
-        others = sorted(
-            {cell_label((low, high)) for (_, low, high) in window.cells}
-            - {cell_label(cell_of(batch))}
-        )
-        if others:
-            return f"{where}: steps at other batch sizes ({', '.join(others)})"
+        return f"{where}: {NO_STEPS}"
+    if stream:
+        if mine.requests < mine.steps * batch - 1e-6:
+            return f"{where}: {mine.mean_batch:.2f} requests per step, fewer than {batch}"
+        if mine.tokens < mine.steps * batch * (1 + k) - 1e-6:
+            return f"{where}: {mine.mean_tokens:.1f} tokens per step, fewer than B*(1+k)"
         return None
-    if mine.requests < mine.steps * batch - 1e-6:
-        return f"{where}: {mine.mean_batch:.2f} requests per step, fewer than {batch}"
-    if mine.tokens < mine.steps * batch * (1 + k) - 1e-6:
-        return f"{where}: {mine.mean_tokens:.1f} tokens per step, fewer than B*(1+k)"
-    fewer = sorted(cell_label((low, high)) for (_, low, high) in window.cells if high < batch)
-    if fewer:
-        return f"{where}: steps with fewer than B requests ({', '.join(fewer)})"
+    if not _same(mine.requests, mine.steps * batch):
+        return f"{where}: {mine.mean_batch:.2f} requests per step in its cell, not {batch}"
+    extra = mine.tokens - mine.steps * batch * (1 + k)
+    if not _same(extra, 0.0):
+        return f"{where}: {extra / mine.steps:+.1f} tokens per step beyond B*(1+k): prefill"
     return None
+
+
+def window_broken(window: StepReading, batch: int, k: int, *, stream: bool = False) -> bool:
+    """The window can no longer become B requests decoding at k: waiting longer will not help
+    (it has wrong steps, not merely too few)."""
+    problem = window_problem(window, batch, k, stream=stream)
+    return problem is not None and not problem.endswith(NO_STEPS)
