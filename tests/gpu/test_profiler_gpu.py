@@ -39,7 +39,9 @@ pytestmark = [
 def test_one_launch_times_every_k_and_reads_the_synthetic_rates_back(tmp_path: Path) -> None:
     settings = ProfilerSettings(
         grid=GridSettings(dense_until=4, step=28),  # 1, 2, 3, 4, 32
-        timing=TimingSettings(repeats=3, decode_tokens=32, warmup_batches=(1, 32)),
+        timing=TimingSettings(
+            method="request", repeats=3, decode_tokens=32, warmup_batches=(1, 32)
+        ),
         acceptance=AcceptanceSettings(max_tokens=256, synthetic_rates=(0.75, 0.55, 0.40)),
         launch=LaunchSettings(
             extra_args=("--load-format", "dummy", "--skip-tokenizer-init"),

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from tabletune.plugin.step_metrics import EngineSteps, step_cell_families
 from tabletune.plugin.step_timer import StepTimer
 from tabletune.profiler.prompts import Prompt
 from tabletune.profiler.step_reading import StepReading
@@ -55,6 +60,9 @@ class SteppingEngine:
     on_step: Callable[[SteppingEngine], None] | None = None
     """called after every step (tests break things here)"""
     fail_with: str | None = None
+    k_at: Callable[[int], int] | None = None
+    """the table's k at a batch size, when the table lives elsewhere (a fake admin API);
+    default: the k of the last set_k_everywhere"""
 
     def __post_init__(self) -> None:
         self.timer = StepTimer(started_at=0.0)
@@ -155,9 +163,10 @@ class SteppingEngine:
         spec = {r.ident: [-1] * r.drafts for r in self._in_step if r.drafts > 0}
         verify = max((r.drafts for r in self._in_step), default=0)
         self.scheduled.append((len(tokens), max(verify, 0), sum(tokens.values())))
+        k = self.k if self.k_at is None else max(0, self.k_at(len(self._in_step)))
         for request in self._in_step:
             request.produced += 1
-            request.drafts = self.k  # the drafter proposes the table's k for the next step
+            request.drafts = k  # the drafter proposes the table's k for the next step
         self.running = [r for r in self.running if r.produced < r.max_tokens]
         self.timer.on_step(
             self.now, tokens, sum(tokens.values()), spec, idle_after=not self.running
@@ -165,3 +174,25 @@ class SteppingEngine:
         if self.on_step is not None:
             self.on_step(self)
         self._start_step()
+
+
+def metrics_text(reading: StepReading, *, engines: int = 1) -> str:
+    """``reading`` as the plugin exports it on /metrics (its real families), per engine."""
+
+    class Exported(Collector):
+        def collect(self) -> Iterator[Metric]:
+            yield from step_cell_families(
+                EngineSteps(
+                    ("m", str(i)),
+                    reading.cells,
+                    reading.steps_without_decode,
+                    1.7e9,
+                    reading.switch_steps,
+                    0.01 * reading.switch_steps,
+                )
+                for i in range(engines)
+            )
+
+    registry = CollectorRegistry()
+    registry.register(Exported())
+    return generate_latest(registry).decode()

@@ -93,6 +93,8 @@ class FakeEngine:
         """completions that never answer in time (real sleep; pair with a short timeout)"""
         self.completions: list[tuple[int, int, int]] = []
         """(B, max_tokens, k) of every completion served"""
+        self.extra_metrics: Callable[[], str] = lambda: ""
+        """more /metrics text (the plugin's step cells, from a step-level fake)"""
         self.drafts = 0.0
         self.draft_tokens = 0.0
         self.accepted_per_pos = [0.0] * max(config.num_speculative_tokens, 1)
@@ -169,7 +171,7 @@ class FakeEngine:
 
         @app.get("/metrics")
         async def metrics() -> PlainTextResponse:
-            return PlainTextResponse(self.metrics_text())
+            return PlainTextResponse(self.metrics_text() + self.extra_metrics())
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> JSONResponse:

@@ -31,7 +31,7 @@ from tests.unit.test_profiler_fake_engine import FakeConfig, FakeEngine, linear_
 MAX = 32
 SETTINGS = ProfilerSettings(
     grid=GridSettings(dense_until=4, step=8),  # 1,2,3,4,12,20,28,32
-    timing=TimingSettings(warmup_batches=(1,), repeats=3, decode_tokens=64),
+    timing=TimingSettings(method="request", warmup_batches=(1,), repeats=3, decode_tokens=64),
     acceptance=AcceptanceSettings(num_prompts=40, max_tokens=65, concurrency=16),
     connection=ConnectionSettings(request_timeout_s=5.0, retry_backoffs_s=(1.0, 2.0, 4.0)),
 )

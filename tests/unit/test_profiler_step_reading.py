@@ -3,16 +3,12 @@ at k" (pure decode, or with a prefill stream riding along)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
-from tabletune.plugin.step_metrics import EngineSteps, step_cell_families
 from tabletune.profiler.errors import MeasurementError
 from tabletune.profiler.step_reading import (
     StepReading,
@@ -22,6 +18,7 @@ from tabletune.profiler.step_reading import (
     window_totals,
 )
 from tabletune.step_cells import CellKey, CellTotals, cell_key
+from tests.unit.profiler_stepper import metrics_text
 
 VLLM_NOISE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -32,21 +29,12 @@ vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 100.0
 """
 
 
-def exported(
-    engines: list[tuple[Mapping[CellKey, CellTotals], float, float]],
-) -> str:
-    """/metrics as the plugin exports it (its real families), one engine per entry."""
-
-    class Exported(Collector):
-        def collect(self) -> Iterator[Metric]:
-            yield from step_cell_families(
-                EngineSteps(("m", str(i)), cells, without, 1.7e9, switches, 0.01 * switches)
-                for i, (cells, without, switches) in enumerate(engines)
-            )
-
-    registry = CollectorRegistry()
-    registry.register(Exported())
-    return VLLM_NOISE + generate_latest(registry).decode()
+def exported(engines: list[tuple[Mapping[CellKey, CellTotals], float, float]]) -> str:
+    """/metrics as the plugin exports it, vLLM's own lines around, engines summed."""
+    texts = [metrics_text(StepReading(c, w, s)) for c, w, s in engines]
+    return VLLM_NOISE + "".join(
+        t.replace('engine="0"', f'engine="{i}"') for i, t in enumerate(texts)
+    )
 
 
 totals = st.builds(

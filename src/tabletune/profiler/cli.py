@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import Literal
 
 from tabletune.cli.inputs import make_output_folder, number_type, parse_k_list
 from tabletune.errors import InputError
@@ -28,10 +29,12 @@ from tabletune.profiler.settings import (
     AcceptanceSettings,
     ConnectionSettings,
     GridSettings,
+    InFlightSettings,
     LaunchSettings,
     ProfilerSettings,
     TimingSettings,
 )
+from tabletune.schemas.shape import PrefillStream
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -64,6 +67,17 @@ def _batch_list(text: str) -> tuple[int, ...]:
     values = _ints(text)
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected batch sizes >= 1, got {text!r}")
+    return values
+
+
+def _token_range(text: str) -> tuple[int, int]:
+    low, dash, high = text.partition("-")
+    try:
+        values = (int(low), int(high if dash else low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW-HIGH tokens, got {text!r}") from None
+    if not 1 <= values[0] <= values[1]:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LOW <= HIGH, got {text!r}")
     return values
 
 
@@ -172,12 +186,40 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _in_flight_from(args: argparse.Namespace) -> InFlightSettings:
+    stream = None
+    if (args.prefill_rate is None) != (args.prefill_tokens is None):
+        raise InputError("--prefill-rate and --prefill-tokens go together")
+    if args.prefill_rate is not None:
+        stream = PrefillStream(requests_per_s=args.prefill_rate, prompt_tokens=args.prefill_tokens)
+    settings = InFlightSettings(
+        window_steps=args.window_steps,
+        max_context=args.max_context,
+        sync_interval_s=args.sync_interval,
+        prefill_stream=stream,
+        cross_check=args.cross_check or (),
+    )
+    room = args.prompt_tokens + 2 * settings.window_steps
+    if settings.max_context < room:
+        raise InputError(
+            f"--max-context {settings.max_context} leaves no room for a window: it must be at "
+            f"least --prompt-tokens + 2 x --window-steps = {room}"
+        )
+    if (stream is not None or settings.cross_check) and args.timing != "in-flight":
+        raise InputError("--prefill-rate and --cross-check need --timing in-flight")
+    return settings
+
+
 def settings_from(args: argparse.Namespace) -> ProfilerSettings:
     if args.repeats < 1 or args.decode_tokens < 1 or args.prompt_tokens < 1:
         raise InputError("--repeats, --decode-tokens and --prompt-tokens must be >= 1")
     acceptance = AcceptanceSettings()
     grid = GridSettings()
+    in_flight = InFlightSettings()
+    method: Literal["in-flight", "request"] = "request"  # the engine check times requests
     if getattr(args, "command", None) == "profile":
+        method = "in-flight" if args.timing == "in-flight" else "request"
+        in_flight = _in_flight_from(args)
         acceptance = AcceptanceSettings(
             num_prompts=args.acceptance_num_prompts,
             max_tokens=args.acceptance_max_tokens,
@@ -193,6 +235,7 @@ def settings_from(args: argparse.Namespace) -> ProfilerSettings:
     return ProfilerSettings(
         grid=grid,
         timing=TimingSettings(
+            method=method,
             prompt_tokens=args.prompt_tokens,
             decode_tokens=args.decode_tokens,
             repeats=args.repeats,
@@ -201,6 +244,7 @@ def settings_from(args: argparse.Namespace) -> ProfilerSettings:
             remeasure_rounds=args.remeasure_rounds,
             seed=args.seed,
         ),
+        in_flight=in_flight,
         acceptance=acceptance,
         connection=ConnectionSettings(
             request_timeout_s=args.request_timeout,
@@ -343,11 +387,56 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_batch_list,
         help="exactly these batch sizes instead (e.g. 80,81,...,96 to resolve a region densely)",
     )
-    profile.add_argument(
-        "--acceptance-prompts", type=_readable_file, help="JSONL prompt set (text or token ids)"
+    method = profile.add_argument_group("in-flight timing (the default method)")
+    method.add_argument(
+        "--timing",
+        choices=("in-flight", "request"),
+        default="in-flight",
+        help="in-flight: B requests kept decoding, steps read from the plugin's step cells; "
+        "request: (t(1+n) - t(1)) / n of whole requests (default in-flight)",
+    )
+    method.add_argument(
+        "--window-steps",
+        type=_positive_int,
+        default=16,
+        help="steps per window, one sample each (default 16)",
+    )
+    method.add_argument(
+        "--max-context",
+        type=_positive_int,
+        default=256,
+        help="requests are replaced before their context passes this (default 256)",
+    )
+    method.add_argument(
+        "--sync-interval",
+        type=_seconds,
+        default=0.05,
+        help="TABLETUNE_SYNC_INTERVAL_S of the launched server (default 0.05)",
+    )
+    method.add_argument(
+        "--cross-check",
+        type=_batch_list,
+        help="batch sizes also timed by the request method (every k), e.g. 1,8,64,256: the "
+        "summary says whether both methods agree",
+    )
+    method.add_argument(
+        "--prefill-rate",
+        type=_seconds,
+        help="traffic-faithful: one-token requests per second prefilling in the background",
+    )
+    method.add_argument(
+        "--prefill-tokens",
+        type=_token_range,
+        help="their prompt lengths, LOW-HIGH tokens (drawn uniformly), e.g. 200-1200",
     )
     profile.add_argument(
-        "--acceptance-num-prompts", type=_positive_int, default=160, help="(default 160)"
+        "--acceptance-prompts",
+        type=_readable_file,
+        help="JSONL prompt set (text or token ids); default: the bundled chat prompts when the "
+        "server has a tokenizer, else synthetic token ids",
+    )
+    profile.add_argument(
+        "--acceptance-num-prompts", type=_positive_int, default=320, help="(default 320)"
     )
     profile.add_argument(
         "--acceptance-max-tokens", type=_positive_int, default=128, help="(default 128)"

@@ -22,6 +22,7 @@ Past the capture limit every step runs eager. The drafter's own graphs are not m
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,6 +95,45 @@ class CaptureConfig:
             source=f"vLLM 0.26's rule (limit {how}: max_num_seqs={max_num_seqs}, "
             f"K={num_speculative_tokens})",
         )
+
+
+def _flag(args: Sequence[str], names: tuple[str, ...]) -> str | None:
+    """The value of the last of ``names`` in a vLLM command line (``--x v`` or ``--x=v``)."""
+    found = None
+    for index, arg in enumerate(args):
+        name, equals, value = arg.partition("=")
+        if name in names:
+            found = value if equals else (args[index + 1] if index + 1 < len(args) else None)
+    return found
+
+
+def capture_config_from_args(
+    args: Sequence[str], *, max_num_seqs: int, num_speculative_tokens: int
+) -> CaptureConfig:
+    """What vLLM 0.26 will capture, given its command line (``--max-num-batched-tokens``,
+    ``--compilation-config``/``-cc`` with ``max_cudagraph_capture_size`` or
+    ``cudagraph_capture_sizes``); InputError for a compilation config that is not JSON."""
+    batched = _flag(args, ("--max-num-batched-tokens",))
+    tokens = int(batched) if batched and batched.isdigit() else None
+    config_text = _flag(args, ("--compilation-config", "-cc", "-O"))
+    config: dict[str, object] = {}
+    if config_text and config_text.lstrip().startswith("{"):
+        try:
+            loaded = json.loads(config_text)
+        except json.JSONDecodeError as error:
+            raise InputError(f"--compilation-config is not JSON: {error.msg}") from None
+        config = loaded if isinstance(loaded, dict) else {}
+    listed = config.get("cudagraph_capture_sizes")
+    if isinstance(listed, list) and listed and all(isinstance(v, int) for v in listed):
+        sizes = tuple(sorted({v for v in listed if tokens is None or v <= tokens}))
+        return CaptureConfig(sizes[-1], sizes, "vLLM 0.26's rule (cudagraph_capture_sizes set)")
+    limit = config.get("max_cudagraph_capture_size")
+    return CaptureConfig.default(
+        max_num_seqs=max_num_seqs,
+        num_speculative_tokens=num_speculative_tokens,
+        max_capture_size=limit if isinstance(limit, int) and limit > 0 else None,
+        max_num_batched_tokens=tokens,
+    )
 
 
 _MAX_SIZE = re.compile(r"'max_cudagraph_capture_size': (\d+)")

@@ -21,6 +21,7 @@ from tabletune.profiler.hook_protocol import HOOK_METHOD, SamplerMode
 from tabletune.profiler.metrics import SpecCounters, parse_spec_counters
 from tabletune.profiler.prompts import Prompt
 from tabletune.profiler.settings import ConnectionSettings
+from tabletune.profiler.step_reading import StepReading, parse_step_reading
 
 log = logging.getLogger("tabletune.profiler")
 T = TypeVar("T")
@@ -168,6 +169,26 @@ class EngineHttp:
             return parse_spec_counters(response.text)
 
         return self._retrying("GET /metrics", attempt)
+
+    def step_reading(self) -> StepReading:
+        """The plugin's step cells as last synced from the engine."""
+
+        def attempt() -> StepReading:
+            response = self._request("GET", "/metrics")
+            if response.status_code != 200:
+                raise PermanentError(f"/metrics: HTTP {response.status_code}")
+            return parse_step_reading(response.text)
+
+        return self._retrying("GET /metrics", attempt)
+
+    def accepts_text(self) -> bool:
+        """Whether the server tokenizes text prompts (one 1-token request; a server started
+        with --skip-tokenizer-init refuses it with a 4xx)."""
+        body = {"model": self.model(), "prompt": "Hello", "max_tokens": 1, "temperature": 0.0}
+        response = self._retrying(
+            "text probe", lambda: self._request("POST", "/v1/completions", json=body)
+        )
+        return response.status_code == 200
 
     # -- the plugin --------------------------------------------------------------------------
     def table(self) -> TableView:

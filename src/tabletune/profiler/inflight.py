@@ -41,6 +41,7 @@ from tabletune.profiler.step_reading import (
 )
 from tabletune.profiler.timing import CellDetails, CellKey
 from tabletune.profiler.traffic import Traffic
+from tabletune.schemas.shape import PrefillStream, TimingShape
 from tabletune.step_cells import CellTotals
 
 log = logging.getLogger("tabletune.profiler")
@@ -280,4 +281,18 @@ def details_of(windows: Sequence[WindowSample]) -> CellDetails:
     return CellDetails(
         context_tokens=sum(w.context_tokens * w.steps for w in windows) / steps,
         tokens_per_step=sum(w.tokens for w in windows) / steps,
+    )
+
+
+def shape_of_windows(
+    windows: Sequence[WindowSample], *, prompt_tokens: int, stream: PrefillStream | None
+) -> TimingShape:
+    """The traffic shape the windows were timed under (means over their steps)."""
+    steps = sum(w.steps for w in windows)
+    extra = sum(w.tokens - w.requests * (1 + w.k) for w in windows)
+    return TimingShape(
+        prompt_tokens=prompt_tokens,
+        context_tokens=sum(w.context_tokens * w.steps for w in windows) / steps if steps else None,
+        extra_tokens_per_step=max(0.0, extra / steps) if steps else 0.0,
+        prefill_stream=stream,
     )

@@ -31,6 +31,16 @@ class TimingResult:
     """in-flight windows taken again, and why"""
 
 
+def check_all_rejected(delta: SpecCounters) -> None:
+    """Timing mode held: no guess was accepted over the window."""
+    if delta.accepted_tokens > 0:
+        raise MeasurementError(
+            f"{delta.accepted_tokens:.0f} guesses were accepted while timing: the engine is not "
+            "in timing mode (synthetic rejection sampler with all rates 0); steps then emit more "
+            "than one token per request, so request lengths no longer count steps"
+        )
+
+
 def check_k_applied(delta: SpecCounters, k: int) -> None:
     """The table swap took effect (drafts of exactly k) and every guess was rejected."""
     if k == 0:
@@ -48,12 +58,7 @@ def check_k_applied(delta: SpecCounters, k: int) -> None:
                 f"k={k} was set but drafts held {per_draft:.3f} tokens on average: the table "
                 "swap did not take effect"
             )
-    if delta.accepted_tokens > 0:
-        raise MeasurementError(
-            f"{delta.accepted_tokens:.0f} guesses were accepted while timing: the engine is not "
-            "in timing mode (synthetic rejection sampler with all rates 0); steps then emit more "
-            "than one token and (t_long - t_short)/n is not a step time"
-        )
+    check_all_rejected(delta)
 
 
 class TimingMeasurer:

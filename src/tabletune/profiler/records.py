@@ -51,6 +51,9 @@ class RawRecord(BaseModel):
     timing_method: str = "request"
     samples: list[RawSample] = Field(default_factory=list, description="request method")
     windows: list[WindowSample] = Field(default_factory=list, description="in-flight method")
+    cross_check_samples: list[RawSample] = Field(
+        default_factory=list, description="the request method on the cross-check cells"
+    )
     refused_windows: list[str] = Field(
         default_factory=list, description="in-flight windows taken again, and why"
     )

@@ -84,14 +84,16 @@ class InFlightSettings:
 class AcceptanceSettings:
     """How a^prior is measured: the longest K, the serving sampler, a prompt set."""
 
-    num_prompts: int = 160
+    num_prompts: int = 320
+    """prompts used (the bundled set holds 325)"""
     max_tokens: int = 128
     temperature: float = 0.0
     """the serving temperature (0: greedy)"""
     concurrency: int = 32
     """prompts per request (vLLM runs a list of prompts as that many concurrent requests)"""
     prompts_path: str | None = None
-    """JSONL: {"prompt": "text"} or {"prompt_token_ids": [...]} per line; None: synthetic ids"""
+    """JSONL: {"prompt": "text"} or {"prompt_token_ids": [...]} per line; None: the bundled chat
+    prompts when the server has a tokenizer, else synthetic token ids"""
     synthetic_rates: tuple[float, ...] | None = None
     """test mode: the engine's synthetic sampler with these a_i instead of the serving sampler
     (acceptance then must come back as set: a check of the whole counting path)"""

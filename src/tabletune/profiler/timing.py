@@ -4,11 +4,11 @@ statistic, and which cells disagree with their neighbours (re-measure them; neve
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from tabletune.errors import InputError
-from tabletune.profiler.cudagraphs import GraphMode
+from tabletune.profiler.cudagraphs import GraphDispatch, GraphMode
 from tabletune.profiler.errors import MeasurementError
 from tabletune.schemas.profile import Cell
 
@@ -23,6 +23,21 @@ class CellDetails:
     tokens_per_step: float | None = None
     cuda_graph: GraphMode | None = None
     note: str = ""
+
+
+def with_graphs(
+    details: Mapping[CellKey, CellDetails], cells: Iterable[CellKey], dispatch: GraphDispatch
+) -> dict[CellKey, CellDetails]:
+    """Each cell's details with the graph its pure-decode steps run and, where that is not a
+    full graph, the note why (the cells that stand out on the profile's heatmap)."""
+    return {
+        (b, k): replace(
+            details.get((b, k), CellDetails()),
+            cuda_graph=dispatch.decode_step(b, k).mode,
+            note=dispatch.note(b, k),
+        )
+        for b, k in cells
+    }
 
 
 def batch_grid(max_num_seqs: int, *, dense_until: int = 16, step: int = 8) -> tuple[int, ...]:
