@@ -18,6 +18,7 @@ from tabletune.profiler import check as engine_check
 from tabletune.profiler.check import (
     CheckRequest,
     EngineCheck,
+    arm_logs,
     launching_arms,
     logs_folder,
     write_check,
@@ -34,6 +35,7 @@ from tabletune.profiler.settings import (
     ProfilerSettings,
     TimingSettings,
 )
+from tabletune.schemas import load_acceptance
 from tabletune.schemas.shape import PrefillStream
 
 
@@ -324,7 +326,10 @@ def _run_check(args: argparse.Namespace) -> int:
     _stop_on_sigterm()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
-    request = CheckRequest(
+    rates = args.rates
+    if args.acceptance is not None:
+        rates = load_acceptance(args.acceptance).rates[: args.num_speculative_tokens]
+    request = CheckRequest(  # a k outside 1..K, or rates not K long, are refused here
         model=args.model,
         drafter=args.drafter,
         method=args.method,
@@ -333,9 +338,10 @@ def _run_check(args: argparse.Namespace) -> int:
         k=args.k,
         batch_sizes=args.batch_sizes,
         threshold=args.threshold,
+        rates=rates,
+        capture_size=args.capture_size,
     )
     output = Path(args.output)
-    _ = request.fixed_k  # a k outside 1..K is refused here, before any launch
     beyond = [b for b in request.batch_sizes if b > request.max_num_seqs]
     if beyond:
         raise InputError(f"--batch-sizes: {beyond} above --max-num-seqs {request.max_num_seqs}")
@@ -348,12 +354,13 @@ def _run_check(args: argparse.Namespace) -> int:
         settings=settings,
         reporter=reporter,
         open_arm=launching_arms(settings, logs, reporter),
+        read_log=arm_logs(logs),
     )
     result = check.run()
     write_check(result, output)
     for arm, row in result.step_ms.items():
         cells = ", ".join(f"B={b}: {v:.2f} ms" for b, v in row.items())
-        reporter.note(f"{arm:>9}: {cells}")
+        reporter.note(f"{arm:>10}: {cells}")
     reporter.note(f"written: {output} (vLLM logs: {logs})")
     return 1 if result.warnings and args.fail_on_warning else 0
 
@@ -459,12 +466,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     check = subparsers.add_parser(
         "check",
-        help="engine check: fixed k with/without a table, k=0 vs no speculation (3 launches)",
+        help="engine check: each k through a table, the best fixed k without one, k=0 vs no "
+        "speculation, the CUDA-graph capture limit (3 launches)",
         description=engine_check.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _engine_arguments(check)
-    check.add_argument("--k", type=_positive_int, help="the fixed k to compare (default K)")
+    check.add_argument(
+        "--k",
+        type=_positive_int,
+        help="the fixed k launched without a table (default: the best fixed k measured)",
+    )
+    rates = check.add_mutually_exclusive_group()
+    rates.add_argument(
+        "--acceptance", help="acceptance JSON for the best fixed k (tabletune.acceptance)"
+    )
+    rates.add_argument(
+        "--rates", type=_rates, help="a_1..a_K for the best fixed k (default 0.75,0.55,0.40)"
+    )
+    check.add_argument(
+        "--capture-size",
+        type=_positive_int,
+        help="say what raising compilation_config.max_cudagraph_capture_size to this would "
+        "take (graphs, start-up, memory) and which batch sizes it would bring into range",
+    )
     check.add_argument(
         "--batch-sizes", type=_batch_list, default=(), help="(default 1, N/4, N: N=max-num-seqs)"
     )

@@ -218,6 +218,8 @@ class GraphDispatch:
             by_tokens.setdefault(size, []).append(_Graph("piecewise", size, None, None))
         self._buckets = sorted(by_tokens)
         self._graphs = by_tokens
+        self.graph_count = len(full) + len(capture.capture_sizes)
+        """graphs captured at start: the full ones and one piecewise per capture size"""
 
     def bucket_of(self, tokens: int) -> int | None:
         for bucket in self._buckets:
