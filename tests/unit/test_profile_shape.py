@@ -119,3 +119,32 @@ def test_the_check_warns_exactly_when_extra_tokens_differ_beyond_the_margin(
         shape, k=k, live_batch=batch, live_tokens_per_step=decode + extra
     )
     assert bool(problems) == (abs(extra - timed) > max(16.0, 0.1 * decode))
+
+
+def test_compare_warns_when_the_live_shape_is_not_the_profiles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tabletune.cli.main import main
+
+    out = tmp_path / "cmp.json"
+    h200 = str(OLD_PROFILES[1])  # pure decode, 32-token prompts
+    args = ["compare", "--profile", h200, "--json-out", str(out)]
+    assert main([*args, "--live-shape", "3:127:508", "--live-shape", "1:64:128"]) == 0
+    assert "WARNING" not in capsys.readouterr().out
+    assert json.loads(out.read_text())["shape_warnings"] == []
+    assert main([*args, "--live-shape", "3:127:1100"]) == 0
+    printed = capsys.readouterr().out
+    assert "WARNING: live steps at B~127, k=3 carry 592 prefill tokens per step" in printed
+    assert len(json.loads(out.read_text())["shape_warnings"]) == 1
+
+
+@pytest.mark.parametrize("bad", ["3:127", "x:1:2", "3:0:10", "3:1:2:4", "-1:4:4"])
+def test_compare_refuses_a_malformed_live_shape(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tabletune.cli.main import main
+
+    with pytest.raises(SystemExit) as stop:  # argparse's one-line exit
+        main(["compare", "--profile", str(OLD_PROFILES[1]), "--live-shape", bad])
+    assert stop.value.code == 2
+    assert "argument --live-shape: expected K:BATCH:TOKENS" in capsys.readouterr().err
