@@ -145,6 +145,6 @@ def test_compare_refuses_a_malformed_live_shape(
     from tabletune.cli.main import main
 
     with pytest.raises(SystemExit) as stop:  # argparse's one-line exit
-        main(["compare", "--profile", str(OLD_PROFILES[1]), "--live-shape", bad])
+        main(["compare", "--profile", str(OLD_PROFILES[1]), f"--live-shape={bad}"])
     assert stop.value.code == 2
     assert "argument --live-shape: expected K:BATCH:TOKENS" in capsys.readouterr().err
