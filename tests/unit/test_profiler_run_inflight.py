@@ -39,7 +39,9 @@ SETTINGS = ProfilerSettings(
 GRID = (1, 2, 3, 4, 12, 20, 28, 32)
 
 
-def profile_in_flight(tmp_path: Path, settings: ProfilerSettings = SETTINGS) -> ProfileRun:
+def profile_in_flight(
+    tmp_path: Path, settings: ProfilerSettings = SETTINGS, engine_log: Path | None = None
+) -> ProfileRun:
     fake = FakeEngine(
         FakeConfig(step_ms=linear_ms, prefill_ms=0.0, overhead_ms=0.0, max_num_seqs=MAX)
     )
@@ -53,6 +55,7 @@ def profile_in_flight(tmp_path: Path, settings: ProfilerSettings = SETTINGS) -> 
         max_num_seqs=MAX,
         gpu="FAKE GPU",
         model_runner="v2",
+        engine_log=engine_log,
     )
     with fake.serve() as url:
         run = ProfileRun(
@@ -113,7 +116,15 @@ def test_a_prefill_stream_is_recorded_as_the_profiles_shape(tmp_path: Path) -> N
         grid=GridSettings(explicit=(4, 8)),
         in_flight=replace(SETTINGS.in_flight, prefill_stream=stream, cross_check=()),
     )
-    profile = load_profile(profile_in_flight(tmp_path, settings).paths.profile)
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "... compilation_config={'cudagraph_capture_sizes': [1, 2, 4, 8, 16, 24], "
+        "'max_cudagraph_capture_size': 24} ...\n"
+    )
+    profile = load_profile(profile_in_flight(tmp_path, settings, engine_log=log).paths.profile)
+    graphs = profile.metadata.cuda_graphs
+    assert graphs is not None and graphs.source == "engine log" and graphs.max_capture_size == 24
+    assert {(c.batch_size, c.k) for c in profile.cells if c.cuda_graph == "eager"} >= {(8, 3)}
     shape = profile.metadata.timing_shape
     assert shape is not None and shape.prefill_stream == stream
     assert shape.extra_tokens_per_step > 0

@@ -305,6 +305,7 @@ def _run_profile(args: argparse.Namespace) -> int:
         model_runner=args.model_runner,
         plots=not args.no_plots,
         notes=args.notes,
+        engine_log=None if args.engine_log is None else Path(args.engine_log),
     )
     reporter = RichReporter()
     outcome = ProfileRun(request, settings=settings, reporter=reporter).run()
@@ -379,6 +380,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     profile.add_argument("--output", "-o", required=True, help="profile JSON (siblings beside it)")
     profile.add_argument(
         "--attach", metavar="URL", type=_url, help="use a running vLLM with the plugin"
+    )
+    profile.add_argument(
+        "--engine-log",
+        type=_readable_file,
+        help="with --attach: the server's log, for its CUDA-graph capture sizes (default: "
+        "vLLM 0.26's rule for --engine-args)",
     )
     profile.add_argument("--ks", help="draft lengths to profile, e.g. 0,1,3 (default 0..K)")
     profile.add_argument("--gpu", help="GPU name for the metadata (default: nvidia-smi)")

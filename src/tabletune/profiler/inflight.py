@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -90,16 +91,41 @@ class InFlightMeasurer:
         self._holding = Holding()
         self._k: int | None = None
         self._last = StepReading()
+        self._read_last = StepReading()
+        self._changed_at = clock()
+        self._sync_gaps: deque[float] = deque([in_flight.sync_interval_s], maxlen=8)
         self._windows: dict[CellKey, list[WindowSample]] = {}
         self.refused: list[str] = []
         self.fresh_starts = 0
 
     # -- readings and k ----------------------------------------------------------------------
     def _read(self) -> StepReading:
+        """The latest reading; notes when it changed, which tells how often the plugin syncs
+        (a reading changes on every sync while the engine steps)."""
         errors = self._traffic.failures()
         if errors:
             raise MeasurementError(f"a timed request failed: {errors[0]}")
-        return self._engine.step_reading()
+        reading = self._engine.step_reading()
+        if reading != self._read_last:
+            now = self._clock()
+            self._sync_gaps.append(now - self._changed_at)
+            self._changed_at, self._read_last = now, reading
+        return reading
+
+    def _wait_idle(self) -> None:
+        """Wait until the engine stopped stepping: no change for 2.5 sync intervals (the longest
+        gap between changes seen lately). Requests just stopped may run on until the engine
+        sees their client gone; alone they could look like the batch wanted."""
+        deadline = self._clock() + self._in.window_timeout_s
+        while self._clock() < deadline:
+            self._read()
+            if self._clock() - self._changed_at >= 2.5 * max(self._sync_gaps):
+                return
+            self._sleep(self._in.poll_s)
+        raise MeasurementError(
+            f"the engine kept stepping {self._in.window_timeout_s:.0f}s after every request was "
+            "stopped: is other traffic running?"
+        )
 
     def _set_k(self, k: int) -> None:
         if k != self._k:
@@ -109,12 +135,12 @@ class InFlightMeasurer:
     # -- holding B requests ------------------------------------------------------------------
     def _send(self, count: int) -> None:
         prompt = self._settings.prompt_tokens
-        now = self._read().engine_steps
+        sent_at = self._read().engine_steps
         self._traffic.send(
             self._prompts.take(count),
             max_tokens=output_tokens(prompt, self._in.max_context),
         )
-        self._holding = self._holding.with_group(Group(count, prompt, now))
+        self._holding = self._holding.with_group(Group(count, prompt, sent_at))
 
     def _hold(self, batch: int) -> None:
         """Exactly ``batch`` requests decoding, and a reading taken while they were."""
@@ -128,19 +154,28 @@ class InFlightMeasurer:
         if action == "keep":
             return
         if action == "fresh":
-            self._traffic.stop_all()
-            self._holding = Holding()
+            self._stop()
             self.fresh_starts += 1
         self._send(batch - self._holding.running)
+        if self._in.prefill_stream is not None:
+            self._traffic.start_stream(self._in.prefill_stream)
         self._settle(batch)
+
+    def _stop(self) -> None:
+        """Stop every request (and the prefill stream) and wait for the engine to go idle."""
+        self._traffic.stop_stream()
+        self._traffic.stop_all()
+        self._holding = Holding()
+        self._wait_idle()
 
     def _settle(self, batch: int) -> None:
         """Wait for a window (between two syncs) of steps that are ``batch`` requests decoding
-        at the current k: every request sent is in, past its prefill, and none is left over."""
+        at the current k: every request sent is in and past its prefill. (Going up, the ones
+        kept are fewer than ``batch``; starting over, the stopped ones are gone.)"""
         assert self._k is not None
         deadline = self._clock() + self._in.window_timeout_s
         previous = self._read()
-        problem = "no reading yet"
+        problem = "no step yet"
         while self._clock() < deadline:
             self._sleep(self._in.poll_s)
             reading = self._read()
@@ -194,8 +229,7 @@ class InFlightMeasurer:
             problem = found
             self.refused.append(problem)
             log.info("window taken again: %s", problem)
-            self._traffic.stop_all()  # something ended or joined: start over with fresh ones
-            self._holding = Holding()
+            self._holding = Holding()  # something ended or joined: start over with fresh ones
         raise MeasurementError(
             f"B={batch} k={k}: {self._in.attempts} windows in a row were not {batch} requests "
             f"decoding at k={k} (last: {problem})"
@@ -252,8 +286,6 @@ class InFlightMeasurer:
     def measure(self, grid: Sequence[int], ks: Sequence[int]) -> TimingResult:
         result = TimingResult()
         self._set_k(ks[0])
-        if self._in.prefill_stream is not None:
-            self._traffic.start_stream(self._in.prefill_stream)
         try:
             self._warm_up(ks)
             self._reporter.phase("timing (in-flight)", len(grid) * len(ks) * self._settings.repeats)
@@ -269,7 +301,6 @@ class InFlightMeasurer:
         finally:
             self._traffic.stop_stream()
             self._traffic.stop_all()
-            self._holding = Holding()
         result.details = {cell: details_of(windows) for cell, windows in self._windows.items()}
         result.refused = list(self.refused)
         return result

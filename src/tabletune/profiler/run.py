@@ -76,6 +76,9 @@ class ProfileRequest:
     model_runner: Literal["v1", "v2"] | None = None
     plots: bool = True
     notes: str = ""
+    engine_log: Path | None = None
+    """attach mode: the server's log, read for its CUDA-graph capture sizes (launch mode reads
+    the log of the server it starts)"""
 
     @property
     def profiled_ks(self) -> tuple[int, ...]:
@@ -344,7 +347,7 @@ class ProfileRun:
             reporter=self.reporter,
             engine_factory=self._factory,
         )
-        self.log_text = session.first_log_text
+        self.log_text = session.first_log_text if r.engine_log is None else self._engine_log
         started = self._clock()
         try:
             with session:
@@ -480,6 +483,15 @@ class ProfileRun:
         if result.refused:
             self.reporter.note(f"{len(result.refused)} window(s) taken again: {result.refused[0]}")
         return result
+
+    def _engine_log(self) -> str:
+        assert self.request.engine_log is not None
+        try:
+            return self.request.engine_log.read_text(encoding="utf-8", errors="replace")
+        except OSError as error:
+            raise InputError(
+                f"--engine-log: cannot read {self.request.engine_log}: {error}"
+            ) from None
 
     def _graphs(self) -> GraphDispatch:
         """The engine's capture sizes (its log, else vLLM 0.26's rule for its arguments)."""
