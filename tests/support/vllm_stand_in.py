@@ -98,6 +98,13 @@ class StandIn:
         self.drafts = counter("vllm:spec_decode_num_drafts")
         self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens")
         self.accepted = counter("vllm:spec_decode_num_accepted_tokens")
+        self.accepted_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "p",
+            [*labels, "position"],
+            registry=self.registry,
+        )
+        self.position_carry = [0.0] * len(RATES)  # per-position counts, fractions carried over
         self.success = counter("vllm:request_success")
         counter("vllm:num_preemptions")
         self.iterations = Histogram(
@@ -170,6 +177,7 @@ class StandIn:
                     self.drafts.inc()
                     self.draft_tokens.inc(k)
                     self.accepted.inc(accepted)
+                    self.count_positions(k)
             request.drafts = output.next_k
         self.generation.inc(kept)
         self.iterations.observe(output.total_num_scheduled_tokens)
@@ -178,6 +186,14 @@ class StandIn:
             self.success.inc()
             request.done.set_result(None)
         self.running_gauge.labels("0", "qwen3-4b").set(len(self.running))
+
+    def count_positions(self, k: int) -> None:
+        """Position i of a draft of k is accepted with probability rates[i] (all i < k)."""
+        for i in range(k):
+            self.position_carry[i] += self.rates[i]
+            whole = math.floor(self.position_carry[i])
+            self.position_carry[i] -= whole
+            self.accepted_per_pos.labels("0", "qwen3-4b", str(i)).inc(whole)
 
     def abort(self, pendings: list[Pending]) -> None:
         """Requests whose client went away leave the batch before the next step."""

@@ -91,6 +91,16 @@ def agreement(
     return Agreement(cells)
 
 
+def _mean_context(
+    details: Mapping[CellKey, CellDetails], batch: int, ks: Sequence[int], default: float
+) -> float:
+    """The in-flight cells' mean context at ``batch`` (over k)."""
+    contexts = [
+        c for k in ks if (c := details.get((batch, k), CellDetails()).context_tokens) is not None
+    ]
+    return statistics.fmean(contexts) if contexts else default
+
+
 def time_by_request(
     engine: EngineHttp,
     batches: Sequence[int],
@@ -107,27 +117,27 @@ def time_by_request(
     out: dict[CellKey, list[float]] = {}
     reporter.phase("cross-check (request method)", len(batches) * len(ks) * timing.repeats)
     for k in ks:
-        before = engine.counters()
-        for index, batch in enumerate(batches):
-            contexts = [
-                c
-                for kk in ks
-                if (c := details.get((batch, kk), CellDetails()).context_tokens) is not None
-            ]
-            prompt = request_prompt_tokens(
-                statistics.fmean(contexts) if contexts else timing.prompt_tokens,
-                timing.decode_tokens,
-            )
-            measurer = TimingMeasurer(
+        measurers = {
+            batch: TimingMeasurer(
                 engine,
-                settings=replace(timing, prompt_tokens=prompt, seed=timing.seed + 1000 + batch),
+                settings=replace(
+                    timing,
+                    prompt_tokens=request_prompt_tokens(
+                        _mean_context(details, batch, ks, timing.prompt_tokens),
+                        timing.decode_tokens,
+                    ),
+                    seed=timing.seed + 1000 + batch,
+                ),
                 max_num_seqs=max_num_seqs,
                 temperature=temperature,
                 reporter=reporter,
                 on_sample=on_sample,
             )
-            if index == 0:
-                measurer.set_k(k)
+            for batch in batches
+        }
+        measurers[batches[0]].set_k(k)  # and warm up
+        before = engine.counters()
+        for batch, measurer in measurers.items():
             out[(batch, k)] = measurer.cell(batch, k)
             for _ in range(timing.repeats):
                 reporter.advance(f"k={k} B={batch}")

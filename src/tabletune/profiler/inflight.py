@@ -301,6 +301,7 @@ class InFlightMeasurer:
         finally:
             self._traffic.stop_stream()
             self._traffic.stop_all()
+        self._wait_idle()  # nothing of this phase runs into the next
         result.details = {cell: details_of(windows) for cell, windows in self._windows.items()}
         result.refused = list(self.refused)
         return result
