@@ -182,14 +182,17 @@ class Job:
             self.result["tables"][name] = [list(r) for r in solution.ranges]
 
 
-def engine_facts(log: Path | None) -> Row:
-    """What the server's log says about its CUDA graphs (capture sizes, capture time, memory)."""
+def engine_facts(log: Path | None, memory: Path | None) -> Row:
+    """What the server's log says about its CUDA graphs (capture sizes, capture time, graph
+    memory), and the GPU memory in use once it answered (the script's nvidia-smi reading)."""
     text = log.read_text(errors="replace") if log is not None and log.exists() else ""
     config, cost = capture_config_from_log(text), capture_cost_from_log(text)
+    used = memory.read_text().strip() if memory is not None and memory.exists() else ""
     return {
         "max_capture_size": None if config is None else config.max_capture_size,
         "capture_s": None if cost is None else cost.seconds,
         "capture_gib": None if cost is None else cost.gib,
+        "gpu_memory_used_mib": int(used) if used.isdigit() else None,
     }
 
 
@@ -220,12 +223,14 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     ready = wait_ready(args.base, args.pid, min(args.ready_timeout_s, job.left_s()))
     result["meta"]["startup_s"] = round(time.monotonic() - started + args.started_s, 1)
-    result["meta"]["engine"] = engine_facts(args.vllm_log)
+    result["meta"]["engine"] = engine_facts(args.vllm_log, args.memory_file)
     if not ready:
         result["errors"].append({"part": "start", "error": "vLLM did not become ready"})
         job.save()
         return 1
-    first = job.settings(cross_check=args.cross_check, acceptance=args.acceptance)
+    first = job.settings(
+        cross_check=args.cross_check if args.cross else (), acceptance=args.acceptance
+    )
     job.part("run1", 60, lambda: job.profile("run1", first))
     if args.runs > 1:
         timing = (result["runs"].get("run1") or {}).get("wall_time_s", {}).get("timing", 150)
@@ -233,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
         again = replace(again, acceptance=replace(again.acceptance, enabled=False))
         job.part("run2", 1.15 * timing + 10, lambda: job.profile("run2", again))
     job.part("tables", 0, job.tables)
+    result["meta"]["engine"] = engine_facts(args.vllm_log, args.memory_file)  # memory read by now
     result["meta"]["wall_s"] = round(time.monotonic() - started + args.started_s, 1)
     job.save()
     print(f"wrote {args.out}", flush=True)
@@ -253,6 +259,7 @@ def main() -> int:
     parser.add_argument("--started-s", type=float, default=0, help="launch to this script's start")
     parser.add_argument("--ready-timeout-s", type=float, default=300)
     parser.add_argument("--vllm-log", type=Path, help="the server's log (capture sizes, cost)")
+    parser.add_argument("--memory-file", type=Path, help="GPU memory used after start, MiB")
     parser.add_argument("--model-path", default="/tmp/models/qwen3-4b")
     parser.add_argument("--drafter-path", default="/tmp/models/qwen3-4b-eagle3")
     parser.add_argument("--num-speculative-tokens", "-K", type=int, default=3)
@@ -283,6 +290,7 @@ def main() -> int:
     parser.add_argument("--acceptance-tokens", type=int, default=256)
     parser.add_argument("--runs", type=int, default=2, choices=(1, 2))
     parser.add_argument("--no-acceptance", dest="acceptance", action="store_false")
+    parser.add_argument("--no-cross-check", dest="cross", action="store_false")
     args = parser.parse_args()
     try:
         return run(args)

@@ -115,18 +115,10 @@ timeout -s INT $((budget + 20)) python3 bench/gpu/profile_fast.py \
   --base "http://127.0.0.1:$PORT" --pid "$vllm_pid" --out "$OUT/$NAME.json" \
   --meta "$meta" --started-s $((now - launched)) --budget-s "$budget" \
   --vllm-log "$work/vllm.log" --model-path "$MODELS/qwen3-4b" \
-  --drafter-path "$MODELS/qwen3-4b-eagle3" --sync-interval-s "$SYNC_S" ${DRIVER_ARGS:-}
+  --drafter-path "$MODELS/qwen3-4b-eagle3" --sync-interval-s "$SYNC_S" \
+  --memory-file "$work/memory_mib" ${DRIVER_ARGS:-}
 rc=$?
 kill "$memory_pid" 2>/dev/null
-if [[ -s $work/memory_mib ]]; then
-  python3 - "$OUT/$NAME.json" "$(cat "$work/memory_mib")" <<'EOF'
-import json, sys
-path, mib = sys.argv[1], sys.argv[2]
-data = json.loads(open(path).read())
-data["meta"]["gpu_memory_used_mib"] = int(mib)
-open(path, "w").write(json.dumps(data, indent=1) + "\n")
-EOF
-fi
 stop_vllm
 trap - EXIT
 python3 bench/gpu/profile_fast_report.py "$OUT/$NAME.json" --out "$OUT/${NAME}_h200.json" \
