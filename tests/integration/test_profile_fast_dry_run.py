@@ -5,57 +5,23 @@ file where the job puts it, before it spends H200 time."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.support.servers import free_port
+from tests.support.gpu_jobs import dry_run, load_gpu_module
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 DRIVER_ARGS = (
     "--max-num-seqs 8 --dense-until 4 --grid-step 4 --cross-check 1,8 --window-steps 8 "
     "--acceptance-prompts 32 --acceptance-tokens 64"
 )
 
 
-def load_report() -> ModuleType:
-    path = ROOT / "bench" / "gpu" / "profile_fast_report.py"
-    spec = importlib.util.spec_from_file_location("profile_fast_report", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_gpu_job_profiles_twice_cross_checks_and_writes_its_results(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3 = this one
-        "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
-        "WHEEL": "none",
-        "SERVER_MODULE": "tests.support.vllm_stand_in",
-        "PORT": str(free_port()),
-        "OUT": str(tmp_path),
-        "BUDGET_S": "200",
-        "COMMIT": "dry-run",
-        "DRIVER_ARGS": DRIVER_ARGS,
-    }
-    env.pop("TABLETUNE_ADMIN_TOKEN", None)
-    done = subprocess.run(
-        ["bash", str(ROOT / "bench" / "gpu" / "profile_fast.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = dry_run("profile_fast.sh", tmp_path, BUDGET_S="200", DRIVER_ARGS=DRIVER_ARGS)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     raw = json.loads((tmp_path / "profile_fast.json").read_text())
     assert raw["errors"] == [] and raw["skipped"] == [] and raw["meta"]["commit"] == "dry-run"
@@ -72,7 +38,7 @@ def test_the_gpu_job_profiles_twice_cross_checks_and_writes_its_results(tmp_path
         profile = json.loads((tmp_path / name / "profile.json").read_text())
         assert profile["metadata"]["timing_method"] == "in-flight"
         assert (tmp_path / name / "profile.raw.json").exists()
-    report = load_report()
+    report = load_gpu_module("profile_fast_report")
     summary = report.summarize(raw)
     assert raw["summary"] == json.loads(json.dumps(summary))  # the driver embeds the same summary
     assert set(raw["tables"]) == {"run1", "run2"}

@@ -161,25 +161,21 @@ class EngineHttp:
         return self._retrying(f"completions B={len(prompts)} max_tokens={max_tokens}", attempt)
 
     # -- counters ----------------------------------------------------------------------------
-    def counters(self) -> SpecCounters:
-        def attempt() -> SpecCounters:
+    def _metrics(self, parse: Callable[[str], T]) -> T:
+        def attempt() -> T:
             response = self._request("GET", "/metrics")
             if response.status_code != 200:
                 raise PermanentError(f"/metrics: HTTP {response.status_code}")
-            return parse_spec_counters(response.text)
+            return parse(response.text)
 
         return self._retrying("GET /metrics", attempt)
+
+    def counters(self) -> SpecCounters:
+        return self._metrics(parse_spec_counters)
 
     def step_reading(self) -> StepReading:
         """The plugin's step cells as last synced from the engine."""
-
-        def attempt() -> StepReading:
-            response = self._request("GET", "/metrics")
-            if response.status_code != 200:
-                raise PermanentError(f"/metrics: HTTP {response.status_code}")
-            return parse_step_reading(response.text)
-
-        return self._retrying("GET /metrics", attempt)
+        return self._metrics(parse_step_reading)
 
     def accepts_text(self) -> bool:
         """Whether the server tokenizes text prompts (one 1-token request; a server started

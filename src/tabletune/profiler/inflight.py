@@ -81,12 +81,7 @@ class InFlightMeasurer:
         self._on_window = on_window
         self._clock = clock
         self._sleep = sleep
-        self._prompts = TokenPrompts(
-            length=settings.prompt_tokens,
-            low=settings.token_id_low,
-            high=settings.token_id_high,
-            seed=settings.seed,
-        )
+        self._prompts = TokenPrompts.for_timing(settings)
         self._stream = in_flight.prefill_stream is not None
         self._holding = Holding()
         self._k: int | None = None

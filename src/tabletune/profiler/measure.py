@@ -80,12 +80,7 @@ class TimingMeasurer:
         self._temperature = temperature
         self._reporter = reporter
         self._on_sample = on_sample
-        self._prompts = TokenPrompts(
-            length=settings.prompt_tokens,
-            low=settings.token_id_low,
-            high=settings.token_id_high,
-            seed=settings.seed,
-        )
+        self._prompts = TokenPrompts.for_timing(settings)
 
     def _run(self, batch: int, max_tokens: int) -> float:
         prompts = self._prompts.take(batch)

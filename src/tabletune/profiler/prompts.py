@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 from tabletune.errors import InputError
+from tabletune.profiler.settings import TimingSettings
 
 Prompt = str | list[int]
 
@@ -27,6 +28,16 @@ class TokenPrompts:
         self._low = low
         self._high = high
         self._random = random.Random(seed)
+
+    @classmethod
+    def for_timing(cls, timing: TimingSettings, *, seed_offset: int = 0) -> TokenPrompts:
+        """Prompts as the timing settings say (length, id range, seed + ``seed_offset``)."""
+        return cls(
+            length=timing.prompt_tokens,
+            low=timing.token_id_low,
+            high=timing.token_id_high,
+            seed=timing.seed + seed_offset,
+        )
 
     def take(self, count: int) -> list[list[int]]:
         return [

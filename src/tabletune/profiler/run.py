@@ -161,12 +161,7 @@ def _acceptance_prompts(settings: ProfilerSettings, engine: EngineHttp) -> tuple
         prompts = bundled_prompts(limit=acc.num_prompts)
         return prompts, f"bundled chat prompts ({BUNDLED_PROMPTS}, {len(prompts)}, text)"
     timing = settings.timing
-    generator = TokenPrompts(
-        length=timing.prompt_tokens,
-        low=timing.token_id_low,
-        high=timing.token_id_high,
-        seed=timing.seed + 1,
-    )
+    generator = TokenPrompts.for_timing(timing, seed_offset=1)
     source = (
         f"synthetic token ids ({acc.num_prompts} x {timing.prompt_tokens}, seed {timing.seed + 1};"
         " the server has no tokenizer)"
