@@ -103,6 +103,15 @@ def test_going_up_adds_requests_and_contexts_stay_under_the_cap() -> None:
     assert all(max_tokens == 128 - 32 + 64 for _, _, max_tokens in engine.sent)
 
 
+def test_starting_over_often_keeps_the_idle_wait_at_a_few_syncs() -> None:
+    """The gap across an idle engine is no sync interval: it must not stretch the next wait."""
+    engine = SteppingEngine(sync_s=0.05)
+    m = measurer(engine, in_flight=replace(IN_FLIGHT, max_context=32 + 2 * 16))
+    m.measure((1, 2), (0, 1))
+    assert m.fresh_starts >= 10  # before nearly every window
+    assert m.sync_interval_s == pytest.approx(0.05, abs=0.021)  # a sync, give or take a poll
+
+
 def test_a_request_that_ends_inside_a_window_has_the_window_taken_again() -> None:
     ended = {"done": False}
 

@@ -89,6 +89,7 @@ class InFlightMeasurer:
         self._read_last = StepReading()
         self._changed_at = clock()
         self._sync_gaps: deque[float] = deque([in_flight.sync_interval_s], maxlen=8)
+        self._idle_since_change = False
         self._windows: dict[CellKey, list[WindowSample]] = {}
         self.refused: list[str] = []
         self.fresh_starts = 0
@@ -103,9 +104,17 @@ class InFlightMeasurer:
         reading = self._engine.step_reading()
         if reading != self._read_last:
             now = self._clock()
-            self._sync_gaps.append(now - self._changed_at)
+            if not self._idle_since_change:  # a gap across an idle engine is no sync interval
+                self._sync_gaps.append(now - self._changed_at)
             self._changed_at, self._read_last = now, reading
+            self._idle_since_change = False
         return reading
+
+    @property
+    def sync_interval_s(self) -> float:
+        """How often the readings changed lately while the engine stepped: the plugin's sync
+        interval as seen from here (plus the polling's granularity)."""
+        return max(self._sync_gaps)
 
     def _wait_idle(self) -> None:
         """Wait until the engine stopped stepping: no change for 2.5 sync intervals (the longest
@@ -114,7 +123,8 @@ class InFlightMeasurer:
         deadline = self._clock() + self._in.window_timeout_s
         while self._clock() < deadline:
             self._read()
-            if self._clock() - self._changed_at >= 2.5 * max(self._sync_gaps):
+            if self._clock() - self._changed_at >= 2.5 * self.sync_interval_s:
+                self._idle_since_change = True
                 return
             self._sleep(self._in.poll_s)
         raise MeasurementError(
