@@ -309,3 +309,20 @@ def test_only_the_starting_tables_k_when_asked(tmp_path: Path) -> None:
     profile = load_profile(run.paths.profile)
     assert profile.ks == (0, 3)
     assert set(load_table(str(run.paths.table)).ks) <= {0, 3}
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "source"),
+    [(True, "bundled chat prompts (chat_prompts.jsonl, 40, text)"), (False, "synthetic token ids")],
+)
+def test_acceptance_prompts_are_the_bundled_text_when_the_server_tokenizes(
+    tmp_path: Path, tokenizer: bool, source: str
+) -> None:
+    harness, fake = serving(tmp_path, tokenizer=tokenizer)
+    settings = replace(SETTINGS, acceptance=synthetic(0.75, 0.55, 0.40))
+    with fake.serve() as url:
+        run, _ = harness.run(url, settings=settings)
+    acceptance = load_acceptance(run.paths.acceptance)
+    assert acceptance.prompt_source.startswith(source)
+    assert harness.slept == []  # the probe is not retried: a refusal is an answer
+    assert acceptance.rates == pytest.approx((0.75, 0.55, 0.40), abs=1e-9)

@@ -178,12 +178,13 @@ class EngineHttp:
         return self._metrics(parse_step_reading)
 
     def accepts_text(self) -> bool:
-        """Whether the server tokenizes text prompts (one 1-token request; a server started
-        with --skip-tokenizer-init refuses it with a 4xx)."""
+        """Whether the server tokenizes text prompts: one 1-token request, not retried (a server
+        started with --skip-tokenizer-init refuses it, with a 4xx or a 5xx)."""
         body = {"model": self.model(), "prompt": "Hello", "max_tokens": 1, "temperature": 0.0}
-        response = self._retrying(
-            "text probe", lambda: self._request("POST", "/v1/completions", json=body)
-        )
+        try:
+            response = self._http.post("/v1/completions", json=body)
+        except httpx.HTTPError as error:
+            raise TemporaryError(f"text probe: {type(error).__name__}: {error}") from None
         return response.status_code == 200
 
     # -- the plugin --------------------------------------------------------------------------
