@@ -16,18 +16,28 @@ from tabletune.schemas.profile import CudaGraphCapture, Profile
 from tabletune.schemas.shape import PrefillStream, TimingShape, profile_shape_mismatch
 
 ROOT = Path(__file__).resolve().parents[2]
-OLD_PROFILES = [
-    ROOT / "examples" / "sample-profile.json",
-    ROOT / "profiles" / "h200-qwen3-4b-eagle3.json",
-]
+SAMPLE = ROOT / "examples" / "sample-profile.json"
+H200 = ROOT / "profiles" / "h200-qwen3-4b-eagle3.json"
+OLD_PROFILES = [SAMPLE, H200]
 
 
-@pytest.mark.parametrize("path", OLD_PROFILES, ids=lambda p: p.name)
-def test_profiles_written_before_the_new_fields_still_load(path: Path) -> None:
-    profile = load_profile(path)
+def test_profiles_written_before_the_new_fields_still_load() -> None:
+    profile = load_profile(SAMPLE)
     assert profile.metadata.timing_method is None
     assert profile.metadata.timing_shape is None and profile.metadata.cuda_graphs is None
     assert all(c.cuda_graph is None and c.context_tokens is None for c in profile.cells)
+
+
+def test_the_measured_h200_profile_says_which_cells_run_without_a_full_graph() -> None:
+    profile = load_profile(H200)
+    meta = profile.metadata
+    assert meta.timing_method == "request" and meta.cuda_graphs is not None
+    assert meta.cuda_graphs.max_capture_size == 512
+    cells = {(c.batch_size, c.k): c for c in profile.cells}
+    for b in (3, 5, 6, 9):
+        assert cells[(b, 0)].cuda_graph == "eager" and "bucket" in cells[(b, 0)].note
+    assert cells[(136, 3)].cuda_graph == "eager" and "exceed" in cells[(136, 3)].note
+    assert "B=3 k=0 eager" in meta.notes
 
 
 def test_the_new_fields_round_trip(tmp_path: Path) -> None:

@@ -19,10 +19,10 @@ from typing import Any, Literal
 from tabletune import __version__
 from tabletune.errors import InputError
 from tabletune.profiler.acceptance import measure_acceptance
+from tabletune.profiler.annotate import with_cuda_graphs
 from tabletune.profiler.cross_check import Agreement, agreement, time_by_request
 from tabletune.profiler.cudagraphs import (
     CaptureConfig,
-    GraphDispatch,
     capture_config_from_args,
     capture_config_from_log,
 )
@@ -42,16 +42,10 @@ from tabletune.profiler.records import RawRecord, RawSample, WindowSample
 from tabletune.profiler.server import SYNC_ENV, EngineSpec, starting_table
 from tabletune.profiler.session import EngineFactory, EngineSession
 from tabletune.profiler.settings import ProfilerSettings
-from tabletune.profiler.timing import (
-    CellDetails,
-    batch_grid,
-    build_cells,
-    explicit_grid,
-    with_graphs,
-)
+from tabletune.profiler.timing import CellDetails, batch_grid, build_cells, explicit_grid
 from tabletune.profiler.traffic import BackgroundTraffic, Traffic
 from tabletune.schemas import AcceptanceProfile, Profile, ProfileMetadata, Table, save_model
-from tabletune.schemas.profile import CudaGraphCapture, step_times_of
+from tabletune.schemas.profile import step_times_of
 from tabletune.schemas.shape import TimingShape
 from tabletune.solver import Solution, build_table
 
@@ -214,7 +208,6 @@ class ProfileRun:
         self.refused: list[str] = []
         self.engine_version = "unknown"
         self.allowed_k: tuple[int, ...] = ()
-        self.capture: CaptureConfig | None = None
         self.agreement: Agreement | None = None
         self.log_text: Callable[[], str] = lambda: ""
 
@@ -275,13 +268,6 @@ class ProfileRun:
             notes="; ".join([summary, *notes, *([r.notes] if r.notes else [])]),
             timing_method=timing.method,
             timing_shape=self._shape(),
-            cuda_graphs=None
-            if self.capture is None
-            else CudaGraphCapture(
-                max_capture_size=self.capture.max_capture_size,
-                capture_sizes=self.capture.capture_sizes,
-                source=self.capture.source,
-            ),
         )
 
     def _shape(self) -> TimingShape | None:
@@ -488,19 +474,13 @@ class ProfileRun:
                 f"--engine-log: cannot read {self.request.engine_log}: {error}"
             ) from None
 
-    def _graphs(self) -> GraphDispatch:
+    def _capture(self) -> CaptureConfig:
         """The engine's capture sizes (its log, else vLLM 0.26's rule for its arguments)."""
         r = self.request
-        self.capture = capture_config_from_log(self.log_text()) or capture_config_from_args(
+        return capture_config_from_log(self.log_text()) or capture_config_from_args(
             self.settings.launch.extra_args,
             max_num_seqs=r.max_num_seqs,
             num_speculative_tokens=r.num_speculative_tokens,
-        )
-        return GraphDispatch(
-            self.capture,
-            max_num_seqs=r.max_num_seqs,
-            num_speculative_tokens=r.num_speculative_tokens,
-            table_ks=self.allowed_k or r.profiled_ks,
         )
 
     def _acceptance(self, engine: EngineHttp) -> AcceptanceProfile:
@@ -531,22 +511,18 @@ class ProfileRun:
                 "noisy cells kept as measured: "
                 + ", ".join(f"B={b} k={k}" for b, k in sorted(timing.noisy))
             )
-        details = with_graphs(timing.details, timing.samples, self._graphs())
-        off_graph = sorted((b, k) for (b, k), d in details.items() if d.cuda_graph != "full")
-        if off_graph:
-            notes.append(
-                "cells without a full CUDA graph (vLLM 0.26 V2 dispatch, see each cell's note): "
-                + ", ".join(f"B={b} k={k} {details[(b, k)].cuda_graph}" for b, k in off_graph)
-            )
         self._write_raw(incomplete=False, reason="", notes=notes)
-        cells = build_cells(timing.samples, timing.noisy, details)
-        profile = Profile(
-            metadata=self._metadata(incomplete=False, notes=notes),
-            statistic="median",
-            batch_grid=self.grid,
-            ks=self.request.profiled_ks,
-            cells=cells,
-            acceptance=acceptance,
+        profile = with_cuda_graphs(
+            Profile(
+                metadata=self._metadata(incomplete=False, notes=notes),
+                statistic="median",
+                batch_grid=self.grid,
+                ks=self.request.profiled_ks,
+                cells=build_cells(timing.samples, timing.noisy, timing.details),
+                acceptance=acceptance,
+            ),
+            self._capture(),
+            table_ks=self.allowed_k or self.request.profiled_ks,
         )
         save_model(profile, self.paths.profile)
         solution = None

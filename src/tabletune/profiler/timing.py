@@ -4,11 +4,10 @@ statistic, and which cells disagree with their neighbours (re-measure them; neve
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from tabletune.errors import InputError
-from tabletune.profiler.cudagraphs import GraphDispatch, GraphMode
 from tabletune.profiler.errors import MeasurementError
 from tabletune.schemas.profile import Cell
 
@@ -17,27 +16,10 @@ CellKey = tuple[int, int]  # (batch_size, k)
 
 @dataclass(frozen=True)
 class CellDetails:
-    """What a cell's steps carried, and why it may stand out (the profile's optional fields)."""
+    """What a cell's steps carried (the profile's optional per-cell fields)."""
 
     context_tokens: float | None = None
     tokens_per_step: float | None = None
-    cuda_graph: GraphMode | None = None
-    note: str = ""
-
-
-def with_graphs(
-    details: Mapping[CellKey, CellDetails], cells: Iterable[CellKey], dispatch: GraphDispatch
-) -> dict[CellKey, CellDetails]:
-    """Each cell's details with the graph its pure-decode steps run and, where that is not a
-    full graph, the note why (the cells that stand out on the profile's heatmap)."""
-    return {
-        (b, k): replace(
-            details.get((b, k), CellDetails()),
-            cuda_graph=dispatch.decode_step(b, k).mode,
-            note=dispatch.note(b, k),
-        )
-        for b, k in cells
-    }
 
 
 def batch_grid(max_num_seqs: int, *, dense_until: int = 16, step: int = 8) -> tuple[int, ...]:
@@ -134,8 +116,6 @@ def build_cells(
                 noisy=(b, k) in noisy,
                 context_tokens=extra.context_tokens,
                 tokens_per_step=extra.tokens_per_step,
-                cuda_graph=extra.cuda_graph,
-                note=extra.note,
             )
         )
     return tuple(cells)
