@@ -2,14 +2,17 @@
 # GPU evidence for the profiler (issue 4), ONE invocation on the H200 after device-setup.sh and
 # the tabletune wheel (plugin + profiler) are installed to /tmp/site:
 #   profile the dummy Qwen3-4B + EAGLE-3 shapes, K=3, B up to 256, in ONE vLLM launch: timing
-#   with every guess rejected (sampler switched at run time by the profiler hook), then
-#   acceptance under synthetic rates 0.75/0.55/0.40, which must come back within +-0.02.
+#   with every guess rejected (sampler switched at run time by the profiler hook; in-flight by
+#   default, TIMING=request for the request method), then acceptance under synthetic rates
+#   0.75/0.55/0.40, which must come back within +-0.02. (bench/gpu/profile_fast.sh is the
+#   in-flight job with the cross-check and a second grid.)
 #
 #   bash bench/gpu/profile_h200.sh [shape]      shape: qwen3-4b (default) | qwen3-30b-a3b
 #
 # Under $OUT: log.txt, profile.tgz (profile, acceptance, table, summary, raw samples, PNGs,
 # vLLM log) and profile_h200_<shape>.json (the run's summary + the acceptance check).
-# Env: DECODE_TOKENS (32), REPEATS (3), MAX_NUM_SEQS (256), PROFILE_TIME_LIMIT_S (540),
+# Env: TIMING (in-flight | request), DECODE_TOKENS (32: request method), REPEATS (3),
+#      MAX_NUM_SEQS (256), PROFILE_TIME_LIMIT_S (540),
 #      MODELS (/tmp/models), SERVER_MODULE and ENGINE_ARGS (a CPU dry run points them at a fake).
 set -uo pipefail
 shape=${1:-qwen3-4b}
@@ -28,6 +31,7 @@ timeout -s INT "${PROFILE_TIME_LIMIT_S:-540}" python3 -m tabletune.cli.main prof
   --num-speculative-tokens 3 --max-num-seqs "${MAX_NUM_SEQS:-256}" \
   --server-module "${SERVER_MODULE:-vllm.entrypoints.openai.api_server}" \
   --engine-args "${ENGINE_ARGS:---load-format dummy --skip-tokenizer-init --max-model-len 4096}" \
+  --timing "${TIMING:-in-flight}" \
   --decode-tokens "${DECODE_TOKENS:-32}" --repeats "${REPEATS:-3}" \
   --acceptance-synthetic-rates "$rates" --acceptance-max-tokens 256 \
   --notes "bench/gpu/profile_h200.sh $shape: dummy weights, one launch" \

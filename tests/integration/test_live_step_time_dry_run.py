@@ -4,57 +4,28 @@ so the job's control flow is proven before it spends H200 time."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.support.servers import free_port
+from tests.support.gpu_jobs import dry_run, load_gpu_module
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 DRIVER_ARGS = (
     "--clients 6 --warmup-s 1 --window-s 0.8 --settle-s 1.0 --rounds 2 --overhead-rounds 3 "
     "--neighbour-interval 4 --neighbour-window-s 1.2"
 )
 
 
-def load_report() -> ModuleType:
-    path = ROOT / "bench" / "gpu" / "live_step_time_report.py"
-    spec = importlib.util.spec_from_file_location("live_step_time_report", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_gpu_job_runs_every_part_and_writes_its_results(tmp_path: Path) -> None:
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # python3 = this one
-        "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
-        "WHEEL": "none",
-        "SERVER_MODULE": "tests.support.vllm_stand_in",
-        "PORT": str(free_port()),
-        "OUT": str(tmp_path),
-        "BUDGET_S": "200",
-        "COMMIT": "dry-run",
-        "TABLETUNE_SYNC_INTERVAL_S": "0.2",
-        "DRIVER_ARGS": DRIVER_ARGS,
-    }
-    env.pop("TABLETUNE_ADMIN_TOKEN", None)
-    done = subprocess.run(
-        ["bash", str(ROOT / "bench" / "gpu" / "live_step_time.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    done = dry_run(
+        "live_step_time.sh",
+        tmp_path,
+        BUDGET_S="200",
+        TABLETUNE_SYNC_INTERVAL_S="0.2",
+        DRIVER_ARGS=DRIVER_ARGS,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     raw = json.loads((tmp_path / "live_step_time.json").read_text())
@@ -62,7 +33,7 @@ def test_the_gpu_job_runs_every_part_and_writes_its_results(tmp_path: Path) -> N
     parts = [(w["part"], w["arm"]) for w in raw["windows"]]
     assert parts[:4] == [("fixed-k", "k2"), ("fixed-k", "k3"), ("fixed-k", "k3"), ("fixed-k", "k2")]
     assert ("neighbour", "n4") in parts and parts.count(("overhead", "off")) == 3
-    report = load_report()
+    report = load_gpu_module("live_step_time_report")
     summary = report.summarize(raw)
     assert raw["summary"] == json.loads(json.dumps(summary))  # the driver embeds the same summary
     for arm in ("k2", "k3"):

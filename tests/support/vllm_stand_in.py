@@ -1,6 +1,7 @@
 """A small stand-in for vLLM 0.26 + the TableTune plugin, built from the plugin's real parts, for
 dry runs of bench/gpu/live_step_time.py (tests/integration/test_live_step_time_dry_run.py, and
-bench/gpu/live_step_time.sh with SERVER_MODULE=tests.support.vllm_stand_in on a CPU).
+bench/gpu/live_step_time.sh with SERVER_MODULE=tests.support.vllm_stand_in on a CPU) and of
+bench/gpu/profile_fast.sh (tests/integration/test_profile_fast_dry_run.py).
 
 A scheduler loop in real time: each step reads the installed lookup (``dynamic_sd_lookup[B]``, a
 list or the plugin's ``StepPolicy``) for the drafts of the next step (as async scheduling does),
@@ -8,7 +9,10 @@ sleeps T(B, k) for the k its requests verify, and calls its ``update_from_output
 the plugin's real ``wrap_update_from_output``. The HTTP side is the real ``TableTuneEndpoint``
 (admin API, sync loop every ``TABLETUNE_SYNC_INTERVAL_S``) and ``TableTuneMetrics`` over the
 engine-side controller; vLLM's own counters are prometheus_client objects of vLLM's names.
-Acceptance is the synthetic 0.75/0.55/0.40, kept deterministically (fractions carried over).
+Acceptance is the synthetic 0.75/0.55/0.40, kept deterministically (fractions carried over);
+the profiler hook's ``/collective_rpc`` switches it (all zeros: every guess rejected). A
+completion may hold a list of prompts (that many requests); a client that goes away aborts its
+requests, as vLLM's ``with_cancellation`` does.
 
     python -m tests.support.vllm_stand_in --port 8000 [vLLM's other flags, ignored]
 """
@@ -17,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,6 +39,7 @@ from tabletune.plugin import wire
 from tabletune.plugin.engine import build_controller, step_timer_of, wrap_update_from_output
 from tabletune.plugin.http import TableTuneEndpoint
 from tabletune.plugin.metrics_core import TableTuneMetrics
+from tabletune.profiler.hook_protocol import HOOK_METHOD, SamplerMode
 from tabletune.schemas.table import dense_lookup
 
 RATES = (0.75, 0.55, 0.40)
@@ -49,7 +55,9 @@ def step_s(batch: int, k: int) -> float:
 class Pending:
     prompt: int
     max_tokens: int
-    done: asyncio.Future[None]
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     produced: int = 0
     drafts: int = -1  # -1: not yet prefilled
     carry: float = 0.0
@@ -90,6 +98,13 @@ class StandIn:
         self.drafts = counter("vllm:spec_decode_num_drafts")
         self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens")
         self.accepted = counter("vllm:spec_decode_num_accepted_tokens")
+        self.accepted_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "p",
+            [*labels, "position"],
+            registry=self.registry,
+        )
+        self.position_carry = [0.0] * len(RATES)  # per-position counts, fractions carried over
         self.success = counter("vllm:request_success")
         counter("vllm:num_preemptions")
         self.iterations = Histogram(
@@ -111,6 +126,7 @@ class StandIn:
         self.running: list[Pending] = []
         self.waiting: list[Pending] = []
         self.wake = asyncio.Event()
+        self.rates: tuple[float, ...] = RATES
 
     async def call_utility_async(self, name: str, *args: Any) -> Any:
         if name == wire.GET_STEP_CELLS:
@@ -151,7 +167,7 @@ class StandIn:
                 self.prompt_tokens.inc(request.prompt)
             else:
                 k = request.drafts
-                request.carry += sum(RATES[:k])
+                request.carry += sum(self.rates[:k])
                 accepted = math.floor(request.carry)
                 request.carry -= accepted
                 new = min(1 + accepted, request.max_tokens - request.produced)
@@ -161,6 +177,7 @@ class StandIn:
                     self.drafts.inc()
                     self.draft_tokens.inc(k)
                     self.accepted.inc(accepted)
+                    self.count_positions(k)
             request.drafts = output.next_k
         self.generation.inc(kept)
         self.iterations.observe(output.total_num_scheduled_tokens)
@@ -169,6 +186,22 @@ class StandIn:
             self.success.inc()
             request.done.set_result(None)
         self.running_gauge.labels("0", "qwen3-4b").set(len(self.running))
+
+    def count_positions(self, k: int) -> None:
+        """Position i of a draft of k is accepted with probability rates[i] (all i < k)."""
+        for i in range(k):
+            self.position_carry[i] += self.rates[i]
+            whole = math.floor(self.position_carry[i])
+            self.position_carry[i] -= whole
+            self.accepted_per_pos.labels("0", "qwen3-4b", str(i)).inc(whole)
+
+    def abort(self, pendings: list[Pending]) -> None:
+        """Requests whose client went away leave the batch before the next step."""
+        gone = {id(p) for p in pendings}
+        self.running = [r for r in self.running if id(r) not in gone]
+        self.waiting = [r for r in self.waiting if id(r) not in gone]
+        for pending in pendings:
+            pending.done.cancel()
 
     def app(self) -> FastAPI:
         plugin = TableTuneEndpoint(metrics=TableTuneMetrics(self.registry))
@@ -196,14 +229,42 @@ class StandIn:
         async def metrics() -> Response:
             return Response(generate_latest(self.registry), media_type="text/plain")
 
+        @app.get("/v1/models")
+        async def models() -> JSONResponse:
+            return JSONResponse({"data": [{"id": "qwen3-4b"}]})
+
         @app.post("/v1/completions")
-        async def completions(request: Request) -> JSONResponse:
+        async def completions(request: Request) -> Response:
             body = await request.json()
-            pending = Pending(len(body["prompt"]), body["max_tokens"], asyncio.Future())
-            self.waiting.append(pending)
+            prompt = body["prompt"]
+            several = isinstance(prompt, list) and isinstance(prompt[0], list | str)
+            prompts = prompt if several else [prompt]
+            pendings = [
+                Pending(len(p.split()) if isinstance(p, str) else len(p), body["max_tokens"])
+                for p in prompts
+            ]
+            self.waiting += pendings
             self.wake.set()
-            await pending.done
-            return JSONResponse({"usage": {"completion_tokens": body["max_tokens"]}})
+            finished = asyncio.gather(*(p.done for p in pendings))
+            while not finished.done():
+                try:
+                    await asyncio.wait_for(asyncio.shield(finished), 0.05)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        self.abort(pendings)
+                        finished.cancel()
+                        return Response(status_code=499)
+            tokens = len(prompts) * body["max_tokens"]
+            return JSONResponse({"usage": {"completion_tokens": tokens}})
+
+        @app.post("/collective_rpc")
+        async def collective_rpc(request: Request) -> JSONResponse:
+            body = await request.json()
+            if body.get("method") != HOOK_METHOD:
+                return JSONResponse({"error": "Method not implemented"}, status_code=500)
+            mode = SamplerMode.from_json(json.loads(body["args"][0]))
+            self.rates = mode.rates if mode.kind == "synthetic" else RATES
+            return JSONResponse({"results": [mode.to_json()]})
 
         return app
 

@@ -70,6 +70,13 @@ PROFILE = [
     (["--python", "/nonexistent/python"], "argument --python: '/nonexistent/python' is not"),
     (["--outlier-factor", "0.5"], "argument --outlier-factor: expected a factor > 1"),
     (["-o", f"{A_FILE}/p.json"], "--output: cannot make the folder"),
+    (["--timing", "bogus"], "argument --timing: invalid choice: 'bogus'"),
+    (["--max-context", "40"], "--max-context 40 leaves no room for a window: it must be at"),
+    (["--prefill-rate", "2"], "--prefill-rate and --prefill-tokens go together"),
+    (["--prefill-rate", "2", "--prefill-tokens", "9-3"], "--prefill-tokens: expected 1 <= LOW"),
+    (["--prefill-tokens", "a-b"], "argument --prefill-tokens: expected LOW-HIGH tokens"),
+    (["--cross-check", "1,8", "--timing", "request"], "--cross-check need --timing in-flight"),
+    (["--window-steps", "0"], "argument --window-steps: expected an integer >= 1"),
 ]
 
 
@@ -95,6 +102,11 @@ CHECK = [
     (["--remeasure-rounds", "-1"], "argument --remeasure-rounds: expected an integer >= 0"),
     (["-o", f"{A_FILE}/c.json"], "--output: cannot make the folder"),
     (["--fail-on-warning=yes"], "argument --fail-on-warning: ignored explicit argument"),
+    (["--rates", "0.5,0.4"], "check: expected K=3 acceptance rates, got 2"),
+    (["--rates", "0.5,0.6,0.1"], "argument --rates: synthetic rates must be non-increasing"),
+    (["--capture-size", "0"], "argument --capture-size: expected an integer >= 1"),
+    (["--rates", "0.5", "--acceptance", "a.json"], "argument --acceptance: not allowed with"),
+    (["--acceptance", "missing.json"], "missing.json: file not found"),
 ]
 
 

@@ -13,6 +13,7 @@ from tabletune.profiler.settings import (
     AcceptanceSettings,
     ConnectionSettings,
     GridSettings,
+    InFlightSettings,
     LaunchSettings,
     ProfilerSettings,
     TimingSettings,
@@ -25,6 +26,7 @@ ENGINE = ["--model", "/m/qwen3-4b", "--drafter", "/m/eagle3", "-K", "3", "--max-
 def test_defaults_are_pinned() -> None:
     assert GridSettings() == GridSettings(dense_until=16, step=8, explicit=())
     assert TimingSettings() == TimingSettings(
+        method="in-flight",
         prompt_tokens=32,
         decode_tokens=64,
         repeats=3,
@@ -35,8 +37,20 @@ def test_defaults_are_pinned() -> None:
         token_id_high=30000,
         seed=0,
     )
+    assert InFlightSettings() == InFlightSettings(
+        window_steps=16,
+        window_max_s=0.25,
+        min_window_steps=4,
+        max_context=256,
+        poll_s=0.02,
+        sync_interval_s=0.05,
+        window_timeout_s=60.0,
+        attempts=4,
+        prefill_stream=None,
+        cross_check=(),
+    )
     assert AcceptanceSettings() == AcceptanceSettings(
-        num_prompts=160,
+        num_prompts=320,
         max_tokens=128,
         temperature=0.0,
         concurrency=32,
@@ -100,6 +114,7 @@ def test_profile_attached_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtu
         code = main(
             [
                 *["profile", *ENGINE, "--attach", url, "-o", str(output), "--gpu", "FAKE"],
+                *["--timing", "request"],
                 *[
                     "--dense-until",
                     "2",

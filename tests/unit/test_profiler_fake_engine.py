@@ -79,6 +79,8 @@ class FakeConfig:
     """False: PUT answers but the engine keeps drafting the starting table's k (a broken swap)"""
     honour_ignore_eos: bool = True
     engine_version: str = "0.26.0"
+    tokenizer: bool = True
+    """False: text prompts fail with a 500, as on a server started with --skip-tokenizer-init"""
 
 
 class FakeEngine:
@@ -93,6 +95,8 @@ class FakeEngine:
         """completions that never answer in time (real sleep; pair with a short timeout)"""
         self.completions: list[tuple[int, int, int]] = []
         """(B, max_tokens, k) of every completion served"""
+        self.extra_metrics: Callable[[], str] = lambda: ""
+        """more /metrics text (the plugin's step cells, from a step-level fake)"""
         self.drafts = 0.0
         self.draft_tokens = 0.0
         self.accepted_per_pos = [0.0] * max(config.num_speculative_tokens, 1)
@@ -169,7 +173,7 @@ class FakeEngine:
 
         @app.get("/metrics")
         async def metrics() -> PlainTextResponse:
-            return PlainTextResponse(self.metrics_text())
+            return PlainTextResponse(self.metrics_text() + self.extra_metrics())
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> JSONResponse:
@@ -181,8 +185,10 @@ class FakeEngine:
                 status = self.fail_next.pop(0)
                 return JSONResponse({"error": "injected"}, status_code=status)
             prompts = body["prompt"]
-            if not prompts or not isinstance(prompts[0], list | str):
+            if isinstance(prompts, str) or not isinstance(prompts[0], list | str):
                 prompts = [prompts]
+            if not self.config.tokenizer and any(isinstance(p, str) for p in prompts):
+                return JSONResponse({"error": "no tokenizer"}, status_code=500)
             b = len(prompts)
             max_tokens = int(body.get("max_tokens", 16))
             if b > self.config.max_num_seqs * 4:

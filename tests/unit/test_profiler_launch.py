@@ -85,7 +85,7 @@ def settings(**launch: object) -> ProfilerSettings:
     env = (("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])),)
     return ProfilerSettings(
         grid=GridSettings(dense_until=2, step=2),  # 1, 2, 4
-        timing=TimingSettings(warmup_batches=(1,), repeats=1, decode_tokens=4),
+        timing=TimingSettings(method="request", warmup_batches=(1,), repeats=1, decode_tokens=4),
         acceptance=AcceptanceSettings(
             num_prompts=8, max_tokens=9, concurrency=4, synthetic_rates=(0.5, 0.25)
         ),

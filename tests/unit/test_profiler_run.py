@@ -31,7 +31,7 @@ from tests.unit.test_profiler_fake_engine import FakeConfig, FakeEngine, linear_
 MAX = 32
 SETTINGS = ProfilerSettings(
     grid=GridSettings(dense_until=4, step=8),  # 1,2,3,4,12,20,28,32
-    timing=TimingSettings(warmup_batches=(1,), repeats=3, decode_tokens=64),
+    timing=TimingSettings(method="request", warmup_batches=(1,), repeats=3, decode_tokens=64),
     acceptance=AcceptanceSettings(num_prompts=40, max_tokens=65, concurrency=16),
     connection=ConnectionSettings(request_timeout_s=5.0, retry_backoffs_s=(1.0, 2.0, 4.0)),
 )
@@ -309,3 +309,20 @@ def test_only_the_starting_tables_k_when_asked(tmp_path: Path) -> None:
     profile = load_profile(run.paths.profile)
     assert profile.ks == (0, 3)
     assert set(load_table(str(run.paths.table)).ks) <= {0, 3}
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "source"),
+    [(True, "bundled chat prompts (chat_prompts.jsonl, 40, text)"), (False, "synthetic token ids")],
+)
+def test_acceptance_prompts_are_the_bundled_text_when_the_server_tokenizes(
+    tmp_path: Path, tokenizer: bool, source: str
+) -> None:
+    harness, fake = serving(tmp_path, tokenizer=tokenizer)
+    settings = replace(SETTINGS, acceptance=synthetic(0.75, 0.55, 0.40))
+    with fake.serve() as url:
+        run, _ = harness.run(url, settings=settings)
+    acceptance = load_acceptance(run.paths.acceptance)
+    assert acceptance.prompt_source.startswith(source)
+    assert harness.slept == []  # the probe is not retried: a refusal is an answer
+    assert acceptance.rates == pytest.approx((0.75, 0.55, 0.40), abs=1e-9)

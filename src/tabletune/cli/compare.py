@@ -10,6 +10,7 @@ from typing import Any
 from tabletune.cli.inputs import add_table_options, load_inputs, table_problem
 from tabletune.errors import InputError
 from tabletune.schemas import load_table
+from tabletune.schemas.shape import TimingShape, profile_shape_mismatch
 from tabletune.solver import Evaluation, SolverError, TableProblem, evaluate_table, solve
 
 
@@ -28,9 +29,51 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--table", action="append", default=[], help="repeatable")
     parser.add_argument("--max-batch", type=int, help="largest load (default: grid max)")
     add_table_options(parser)
+    parser.add_argument(
+        "--live-shape",
+        action="append",
+        default=[],
+        type=_live_shape,
+        metavar="K:BATCH:TOKENS",
+        help="a live step cell's k, mean batch and mean scheduled tokens per step (from the "
+        "plugin's tabletune_step_* counters); warns when the profile was timed on another "
+        "shape (repeatable)",
+    )
+    parser.add_argument(
+        "--live-context", type=float, help="mean context of the live requests, in tokens"
+    )
     parser.add_argument("--plot", help="write a PNG of loss vs load (needs matplotlib)")
     parser.add_argument("--json-out", help="write the comparison as JSON")
     parser.set_defaults(run=run)
+
+
+def _live_shape(text: str) -> tuple[int, float, float]:
+    parts = text.split(":")
+    try:
+        k, batch, tokens = int(parts[0]), float(parts[1]), float(parts[2])
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"expected K:BATCH:TOKENS, got {text!r}") from None
+    if len(parts) != 3 or k < 0 or not batch > 0 or not tokens >= 0:
+        raise argparse.ArgumentTypeError(f"expected K:BATCH:TOKENS with BATCH > 0, got {text!r}")
+    return k, batch, tokens
+
+
+def shape_warnings(
+    shape: TimingShape | None, cells: list[tuple[int, float, float]], context: float | None
+) -> list[str]:
+    """What ``profile_shape_mismatch`` says about each live cell given (deduplicated)."""
+    out: list[str] = []
+    for k, batch, tokens in cells:
+        for problem in profile_shape_mismatch(
+            shape,
+            k=k,
+            live_batch=batch,
+            live_tokens_per_step=tokens,
+            live_context_tokens=context,
+        ):
+            if problem not in out:
+                out.append(problem)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,8 +105,13 @@ def run(args: argparse.Namespace) -> int:
             f"(losses use the profile's medians; tabletune's table changes k only on gains "
             f"above {problem.confidence:g} sigma of their spread, so it may trail them there)"
         )
+    warnings = shape_warnings(
+        inputs.profile.metadata.timing_shape, args.live_shape, args.live_context
+    )
+    for warning in warnings:
+        print(f"WARNING: {warning}")
     if args.json_out:
-        _write_json(args.json_out, results, loads, args.profile, problem)
+        _write_json(args.json_out, results, loads, args.profile, problem, warnings)
     if args.plot:
         _plot(args.plot, results)
     return 0
@@ -90,9 +138,11 @@ def _write_json(
     loads: list[int],
     profile: str,
     problem: TableProblem,
+    warnings: list[str],
 ) -> None:
     payload = {
         "profile": profile,
+        "shape_warnings": warnings,
         "rates": list(problem.rates),
         "settings": {
             "stickiness": problem.stickiness,

@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import Literal
 
 from tabletune.cli.inputs import make_output_folder, number_type, parse_k_list
 from tabletune.errors import InputError
@@ -17,6 +18,7 @@ from tabletune.profiler import check as engine_check
 from tabletune.profiler.check import (
     CheckRequest,
     EngineCheck,
+    arm_logs,
     launching_arms,
     logs_folder,
     write_check,
@@ -28,10 +30,13 @@ from tabletune.profiler.settings import (
     AcceptanceSettings,
     ConnectionSettings,
     GridSettings,
+    InFlightSettings,
     LaunchSettings,
     ProfilerSettings,
     TimingSettings,
 )
+from tabletune.schemas import load_acceptance
+from tabletune.schemas.shape import PrefillStream
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -64,6 +69,17 @@ def _batch_list(text: str) -> tuple[int, ...]:
     values = _ints(text)
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected batch sizes >= 1, got {text!r}")
+    return values
+
+
+def _token_range(text: str) -> tuple[int, int]:
+    low, dash, high = text.partition("-")
+    try:
+        values = (int(low), int(high if dash else low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW-HIGH tokens, got {text!r}") from None
+    if not 1 <= values[0] <= values[1]:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LOW <= HIGH, got {text!r}")
     return values
 
 
@@ -172,12 +188,40 @@ def _engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _in_flight_from(args: argparse.Namespace) -> InFlightSettings:
+    stream = None
+    if (args.prefill_rate is None) != (args.prefill_tokens is None):
+        raise InputError("--prefill-rate and --prefill-tokens go together")
+    if args.prefill_rate is not None:
+        stream = PrefillStream(requests_per_s=args.prefill_rate, prompt_tokens=args.prefill_tokens)
+    settings = InFlightSettings(
+        window_steps=args.window_steps,
+        max_context=args.max_context,
+        sync_interval_s=args.sync_interval,
+        prefill_stream=stream,
+        cross_check=args.cross_check or (),
+    )
+    room = args.prompt_tokens + 2 * settings.window_steps
+    if settings.max_context < room:
+        raise InputError(
+            f"--max-context {settings.max_context} leaves no room for a window: it must be at "
+            f"least --prompt-tokens + 2 x --window-steps = {room}"
+        )
+    if (stream is not None or settings.cross_check) and args.timing != "in-flight":
+        raise InputError("--prefill-rate and --cross-check need --timing in-flight")
+    return settings
+
+
 def settings_from(args: argparse.Namespace) -> ProfilerSettings:
     if args.repeats < 1 or args.decode_tokens < 1 or args.prompt_tokens < 1:
         raise InputError("--repeats, --decode-tokens and --prompt-tokens must be >= 1")
     acceptance = AcceptanceSettings()
     grid = GridSettings()
+    in_flight = InFlightSettings()
+    method: Literal["in-flight", "request"] = "request"  # the engine check times requests
     if getattr(args, "command", None) == "profile":
+        method = "in-flight" if args.timing == "in-flight" else "request"
+        in_flight = _in_flight_from(args)
         acceptance = AcceptanceSettings(
             num_prompts=args.acceptance_num_prompts,
             max_tokens=args.acceptance_max_tokens,
@@ -193,6 +237,7 @@ def settings_from(args: argparse.Namespace) -> ProfilerSettings:
     return ProfilerSettings(
         grid=grid,
         timing=TimingSettings(
+            method=method,
             prompt_tokens=args.prompt_tokens,
             decode_tokens=args.decode_tokens,
             repeats=args.repeats,
@@ -201,6 +246,7 @@ def settings_from(args: argparse.Namespace) -> ProfilerSettings:
             remeasure_rounds=args.remeasure_rounds,
             seed=args.seed,
         ),
+        in_flight=in_flight,
         acceptance=acceptance,
         connection=ConnectionSettings(
             request_timeout_s=args.request_timeout,
@@ -259,6 +305,7 @@ def _run_profile(args: argparse.Namespace) -> int:
         model_runner=args.model_runner,
         plots=not args.no_plots,
         notes=args.notes,
+        engine_log=None if args.engine_log is None else Path(args.engine_log),
     )
     reporter = RichReporter()
     outcome = ProfileRun(request, settings=settings, reporter=reporter).run()
@@ -280,7 +327,10 @@ def _run_check(args: argparse.Namespace) -> int:
     _stop_on_sigterm()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     settings = settings_from(args)
-    request = CheckRequest(
+    rates = args.rates
+    if args.acceptance is not None:
+        rates = load_acceptance(args.acceptance).rates[: args.num_speculative_tokens]
+    request = CheckRequest(  # a k outside 1..K, or rates not K long, are refused here
         model=args.model,
         drafter=args.drafter,
         method=args.method,
@@ -289,9 +339,10 @@ def _run_check(args: argparse.Namespace) -> int:
         k=args.k,
         batch_sizes=args.batch_sizes,
         threshold=args.threshold,
+        rates=rates,
+        capture_size=args.capture_size,
     )
     output = Path(args.output)
-    _ = request.fixed_k  # a k outside 1..K is refused here, before any launch
     beyond = [b for b in request.batch_sizes if b > request.max_num_seqs]
     if beyond:
         raise InputError(f"--batch-sizes: {beyond} above --max-num-seqs {request.max_num_seqs}")
@@ -304,12 +355,13 @@ def _run_check(args: argparse.Namespace) -> int:
         settings=settings,
         reporter=reporter,
         open_arm=launching_arms(settings, logs, reporter),
+        read_log=arm_logs(logs),
     )
     result = check.run()
     write_check(result, output)
     for arm, row in result.step_ms.items():
         cells = ", ".join(f"B={b}: {v:.2f} ms" for b, v in row.items())
-        reporter.note(f"{arm:>9}: {cells}")
+        reporter.note(f"{arm:>10}: {cells}")
     reporter.note(f"written: {output} (vLLM logs: {logs})")
     return 1 if result.warnings and args.fail_on_warning else 0
 
@@ -329,6 +381,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     profile.add_argument(
         "--attach", metavar="URL", type=_url, help="use a running vLLM with the plugin"
     )
+    profile.add_argument(
+        "--engine-log",
+        type=_readable_file,
+        help="with --attach: the server's log, for its CUDA-graph capture sizes (default: "
+        "vLLM 0.26's rule for --engine-args)",
+    )
     profile.add_argument("--ks", help="draft lengths to profile, e.g. 0,1,3 (default 0..K)")
     profile.add_argument("--gpu", help="GPU name for the metadata (default: nvidia-smi)")
     profile.add_argument("--model-runner", choices=("v1", "v2"), help="for the metadata")
@@ -343,11 +401,56 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_batch_list,
         help="exactly these batch sizes instead (e.g. 80,81,...,96 to resolve a region densely)",
     )
-    profile.add_argument(
-        "--acceptance-prompts", type=_readable_file, help="JSONL prompt set (text or token ids)"
+    method = profile.add_argument_group("in-flight timing (the default method)")
+    method.add_argument(
+        "--timing",
+        choices=("in-flight", "request"),
+        default="in-flight",
+        help="in-flight: B requests kept decoding, steps read from the plugin's step cells; "
+        "request: (t(1+n) - t(1)) / n of whole requests (default in-flight)",
+    )
+    method.add_argument(
+        "--window-steps",
+        type=_positive_int,
+        default=16,
+        help="steps per window, one sample each (default 16)",
+    )
+    method.add_argument(
+        "--max-context",
+        type=_positive_int,
+        default=256,
+        help="requests are replaced before their context passes this (default 256)",
+    )
+    method.add_argument(
+        "--sync-interval",
+        type=_seconds,
+        default=0.05,
+        help="TABLETUNE_SYNC_INTERVAL_S of the launched server (default 0.05)",
+    )
+    method.add_argument(
+        "--cross-check",
+        type=_batch_list,
+        help="batch sizes also timed by the request method (every k), e.g. 1,8,64,256: the "
+        "summary says whether both methods agree",
+    )
+    method.add_argument(
+        "--prefill-rate",
+        type=_seconds,
+        help="traffic-faithful: one-token requests per second prefilling in the background",
+    )
+    method.add_argument(
+        "--prefill-tokens",
+        type=_token_range,
+        help="their prompt lengths, LOW-HIGH tokens (drawn uniformly), e.g. 200-1200",
     )
     profile.add_argument(
-        "--acceptance-num-prompts", type=_positive_int, default=160, help="(default 160)"
+        "--acceptance-prompts",
+        type=_readable_file,
+        help="JSONL prompt set (text or token ids); default: the bundled chat prompts when the "
+        "server has a tokenizer, else synthetic token ids",
+    )
+    profile.add_argument(
+        "--acceptance-num-prompts", type=_positive_int, default=320, help="(default 320)"
     )
     profile.add_argument(
         "--acceptance-max-tokens", type=_positive_int, default=128, help="(default 128)"
@@ -370,12 +473,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     check = subparsers.add_parser(
         "check",
-        help="engine check: fixed k with/without a table, k=0 vs no speculation (3 launches)",
+        help="engine check: each k through a table, the best fixed k without one, k=0 vs no "
+        "speculation, the CUDA-graph capture limit (3 launches)",
         description=engine_check.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _engine_arguments(check)
-    check.add_argument("--k", type=_positive_int, help="the fixed k to compare (default K)")
+    check.add_argument(
+        "--k",
+        type=_positive_int,
+        help="the fixed k launched without a table (default: the best fixed k measured)",
+    )
+    rates = check.add_mutually_exclusive_group()
+    rates.add_argument(
+        "--acceptance", help="acceptance JSON for the best fixed k (tabletune.acceptance)"
+    )
+    rates.add_argument(
+        "--rates", type=_rates, help="a_1..a_K for the best fixed k (default 0.75,0.55,0.40)"
+    )
+    check.add_argument(
+        "--capture-size",
+        type=_positive_int,
+        help="say what raising compilation_config.max_cudagraph_capture_size to this would "
+        "take (graphs, start-up, memory) and which batch sizes it would bring into range",
+    )
     check.add_argument(
         "--batch-sizes", type=_batch_list, default=(), help="(default 1, N/4, N: N=max-num-seqs)"
     )

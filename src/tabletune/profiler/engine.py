@@ -21,6 +21,7 @@ from tabletune.profiler.hook_protocol import HOOK_METHOD, SamplerMode
 from tabletune.profiler.metrics import SpecCounters, parse_spec_counters
 from tabletune.profiler.prompts import Prompt
 from tabletune.profiler.settings import ConnectionSettings
+from tabletune.profiler.step_reading import StepReading, parse_step_reading
 
 log = logging.getLogger("tabletune.profiler")
 T = TypeVar("T")
@@ -160,14 +161,31 @@ class EngineHttp:
         return self._retrying(f"completions B={len(prompts)} max_tokens={max_tokens}", attempt)
 
     # -- counters ----------------------------------------------------------------------------
-    def counters(self) -> SpecCounters:
-        def attempt() -> SpecCounters:
+    def _metrics(self, parse: Callable[[str], T]) -> T:
+        def attempt() -> T:
             response = self._request("GET", "/metrics")
             if response.status_code != 200:
                 raise PermanentError(f"/metrics: HTTP {response.status_code}")
-            return parse_spec_counters(response.text)
+            return parse(response.text)
 
         return self._retrying("GET /metrics", attempt)
+
+    def counters(self) -> SpecCounters:
+        return self._metrics(parse_spec_counters)
+
+    def step_reading(self) -> StepReading:
+        """The plugin's step cells as last synced from the engine."""
+        return self._metrics(parse_step_reading)
+
+    def accepts_text(self) -> bool:
+        """Whether the server tokenizes text prompts: one 1-token request, not retried (a server
+        started with --skip-tokenizer-init refuses it, with a 4xx or a 5xx)."""
+        body = {"model": self.model(), "prompt": "Hello", "max_tokens": 1, "temperature": 0.0}
+        try:
+            response = self._http.post("/v1/completions", json=body)
+        except httpx.HTTPError as error:
+            raise TemporaryError(f"text probe: {type(error).__name__}: {error}") from None
+        return response.status_code == 200
 
     # -- the plugin --------------------------------------------------------------------------
     def table(self) -> TableView:

@@ -15,7 +15,7 @@ from tabletune.profiler.progress import Reporter
 from tabletune.profiler.prompts import TokenPrompts
 from tabletune.profiler.records import RawSample
 from tabletune.profiler.settings import TimingSettings
-from tabletune.profiler.timing import CellKey, median, step_ms, suspicious_cells
+from tabletune.profiler.timing import CellDetails, CellKey, median, step_ms, suspicious_cells
 
 log = logging.getLogger("tabletune.profiler")
 
@@ -25,6 +25,20 @@ class TimingResult:
     samples: dict[CellKey, list[float]] = field(default_factory=dict)
     noisy: set[CellKey] = field(default_factory=set)
     remeasured: list[CellKey] = field(default_factory=list)
+    details: dict[CellKey, CellDetails] = field(default_factory=dict)
+    """what the cells' steps carried (context, tokens per step), where measured"""
+    refused: list[str] = field(default_factory=list)
+    """in-flight windows taken again, and why"""
+
+
+def check_all_rejected(delta: SpecCounters) -> None:
+    """Timing mode held: no guess was accepted over the window."""
+    if delta.accepted_tokens > 0:
+        raise MeasurementError(
+            f"{delta.accepted_tokens:.0f} guesses were accepted while timing: the engine is not "
+            "in timing mode (synthetic rejection sampler with all rates 0); steps then emit more "
+            "than one token per request, so request lengths no longer count steps"
+        )
 
 
 def check_k_applied(delta: SpecCounters, k: int) -> None:
@@ -44,12 +58,7 @@ def check_k_applied(delta: SpecCounters, k: int) -> None:
                 f"k={k} was set but drafts held {per_draft:.3f} tokens on average: the table "
                 "swap did not take effect"
             )
-    if delta.accepted_tokens > 0:
-        raise MeasurementError(
-            f"{delta.accepted_tokens:.0f} guesses were accepted while timing: the engine is not "
-            "in timing mode (synthetic rejection sampler with all rates 0); steps then emit more "
-            "than one token and (t_long - t_short)/n is not a step time"
-        )
+    check_all_rejected(delta)
 
 
 class TimingMeasurer:
@@ -71,12 +80,7 @@ class TimingMeasurer:
         self._temperature = temperature
         self._reporter = reporter
         self._on_sample = on_sample
-        self._prompts = TokenPrompts(
-            length=settings.prompt_tokens,
-            low=settings.token_id_low,
-            high=settings.token_id_high,
-            seed=settings.seed,
-        )
+        self._prompts = TokenPrompts.for_timing(settings)
 
     def _run(self, batch: int, max_tokens: int) -> float:
         prompts = self._prompts.take(batch)
@@ -131,41 +135,63 @@ class TimingMeasurer:
         self._remeasure(result, grid)
         return result
 
+    def _again(self, suspects: list[CellKey], round_: int) -> dict[CellKey, list[float]]:
+        fresh: dict[CellKey, list[float]] = {}
+        for k in sorted({k for _, k in suspects}):
+            self.set_k(k)
+            for batch in [b for b, kk in suspects if kk == k]:
+                fresh[(batch, k)] = []
+                for _ in range(self._settings.repeats):
+                    fresh[(batch, k)].append(self.sample(batch, k, round_))
+                    self._reporter.advance(f"k={k} B={batch}")
+        return fresh
+
     def _remeasure(self, result: TimingResult, grid: Sequence[int]) -> None:
-        """Re-measure suspicious cells. A cell whose new round agrees with its neighbours was
-        disturbed once: the new round becomes its samples (the raw record keeps every one).
-        A cell still out of line keeps every round and, after the last, is flagged noisy."""
-        factor = self._settings.outlier_factor
-        suspects = suspicious_cells(result.samples, grid, factor=factor)
-        for round_ in range(1, self._settings.remeasure_rounds + 1):
-            if not suspects:
-                break
-            self._reporter.note(
-                f"re-measuring {len(suspects)} cell(s) that disagree with their neighbours: "
-                + ", ".join(f"B={b} k={k}" for b, k in suspects)
-            )
-            self._reporter.phase(f"re-measure {round_}", len(suspects) * self._settings.repeats)
-            fresh: dict[CellKey, list[float]] = {}
-            for k in sorted({k for _, k in suspects}):
-                self.set_k(k)
-                for batch in [b for b, kk in suspects if kk == k]:
-                    fresh[(batch, k)] = []
-                    for _ in range(self._settings.repeats):
-                        fresh[(batch, k)].append(self.sample(batch, k, round_))
-                        self._reporter.advance(f"k={k} B={batch}")
-            self._reporter.done()
-            result.remeasured.extend(suspects)
-            candidate = {**result.samples, **fresh}
-            still = set(suspicious_cells(candidate, grid, factor=factor))
-            for cell, values in fresh.items():
-                if cell in still:
-                    result.samples[cell] = result.samples[cell] + values
-                else:
-                    result.samples[cell] = values
-            suspects = [cell for cell in suspects if cell in still]
-        result.noisy = set(suspects)
-        if suspects:
-            self._reporter.note(
-                "kept as measured and flagged noisy (not smoothed): "
-                + ", ".join(f"B={b} k={k}" for b, k in suspects)
-            )
+        remeasure(
+            result,
+            grid,
+            settings=self._settings,
+            reporter=self._reporter,
+            measure_again=self._again,
+        )
+
+
+def remeasure(
+    result: TimingResult,
+    grid: Sequence[int],
+    *,
+    settings: TimingSettings,
+    reporter: Reporter,
+    measure_again: Callable[[list[CellKey], int], dict[CellKey, list[float]]],
+) -> None:
+    """Re-measure suspicious cells (either method). A cell whose new round agrees with its
+    neighbours was disturbed once: the new round becomes its samples (the raw record keeps
+    every one). A cell still out of line keeps every round and, after the last, is flagged
+    noisy."""
+    factor = settings.outlier_factor
+    suspects = suspicious_cells(result.samples, grid, factor=factor)
+    for round_ in range(1, settings.remeasure_rounds + 1):
+        if not suspects:
+            break
+        reporter.note(
+            f"re-measuring {len(suspects)} cell(s) that disagree with their neighbours: "
+            + ", ".join(f"B={b} k={k}" for b, k in suspects)
+        )
+        reporter.phase(f"re-measure {round_}", len(suspects) * settings.repeats)
+        fresh = measure_again(suspects, round_)
+        reporter.done()
+        result.remeasured.extend(suspects)
+        candidate = {**result.samples, **fresh}
+        still = set(suspicious_cells(candidate, grid, factor=factor))
+        for cell, values in fresh.items():
+            if cell in still:
+                result.samples[cell] = result.samples[cell] + values
+            else:
+                result.samples[cell] = values
+        suspects = [cell for cell in suspects if cell in still]
+    result.noisy = set(suspects)
+    if suspects:
+        reporter.note(
+            "kept as measured and flagged noisy (not smoothed): "
+            + ", ".join(f"B={b} k={k}" for b, k in suspects)
+        )

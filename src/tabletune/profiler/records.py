@@ -21,6 +21,23 @@ class RawSample(BaseModel):
     round: int = Field(ge=0, description="0: first pass; 1..: re-measurements")
 
 
+class WindowSample(BaseModel):
+    """One in-flight window: the increase of the step cell of (B, k) between two readings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_size: int = Field(ge=1)
+    k: int = Field(ge=0)
+    round: int = Field(ge=0, description="0: first pass; 1..: re-measurements")
+    steps: float
+    seconds: float
+    seconds_sq: float
+    tokens: float = Field(description="scheduled tokens (B*(1+k) per step on pure decode)")
+    requests: float = Field(description="scheduled requests (B per step)")
+    context_tokens: float = Field(description="mean context of the requests (estimated)")
+    step_ms: float = Field(description="seconds / steps, in ms")
+
+
 class RawRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -31,6 +48,14 @@ class RawRecord(BaseModel):
     prompt_tokens: int
     batch_grid: tuple[int, ...]
     ks: tuple[int, ...]
-    samples: list[RawSample] = Field(default_factory=list)
+    timing_method: str = "request"
+    samples: list[RawSample] = Field(default_factory=list, description="request method")
+    windows: list[WindowSample] = Field(default_factory=list, description="in-flight method")
+    cross_check_samples: list[RawSample] = Field(
+        default_factory=list, description="the request method on the cross-check cells"
+    )
+    refused_windows: list[str] = Field(
+        default_factory=list, description="in-flight windows taken again, and why"
+    )
     incomplete: bool = False
     reason: str = ""

@@ -30,6 +30,8 @@ from tabletune.solver import Range
 log = logging.getLogger("tabletune.profiler")
 
 PLUGINS = "tabletune_engine,tabletune_http,tabletune_metrics,tabletune_profiler"
+SYNC_ENV = "TABLETUNE_SYNC_INTERVAL_S"
+"""the plugin's sync interval (docs/plugin.md): how fresh the step cells on /metrics are"""
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ class EngineSession:
         self.start_times_s: list[float] = []
         self.hook_works: bool | None = None
         self.notes: list[str] = []
+        self.log_paths: list[Path] = []
 
     def close(self) -> None:
         self._stack.close()
@@ -77,6 +78,7 @@ class EngineSession:
         self.launches += 1
         spec = replace(self._spec, sampler=mode)
         log_path = self._log_dir / f"vllm-{self.launches}.log"
+        self.log_paths.append(log_path)
         self._reporter.note(
             f"starting vLLM (launch {self.launches}, sampler {mode.kind}); log: {log_path}"
         )
@@ -93,6 +95,15 @@ class EngineSession:
         self._engine = engine
         self._mode = mode
         return engine
+
+    def first_log_text(self) -> str:
+        """The first launch's vLLM log ('' in attach mode or when unreadable)."""
+        if not self.log_paths:
+            return ""
+        try:
+            return self.log_paths[0].read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
 
     def current(self, mode: SamplerMode) -> EngineHttp:
         """The engine as it is now; launches (in ``mode``) or attaches on first use."""

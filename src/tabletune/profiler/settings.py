@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import Literal
+
+from tabletune.schemas.shape import PrefillStream
 
 
 @dataclass(frozen=True)
@@ -23,17 +26,21 @@ class GridSettings:
 
 @dataclass(frozen=True)
 class TimingSettings:
-    """How one (B, k) cell is measured: step = (t(1 + decode_tokens) - t(1)) / decode_tokens."""
+    """How the cells are timed, by either method (docs/profiler.md, "Method")."""
 
+    method: Literal["in-flight", "request"] = "in-flight"
+    """in-flight: B requests kept decoding, k switched at run time, steps read from the
+    plugin's step cells; request: step = (t(1 + decode_tokens) - t(1)) / decode_tokens of whole
+    requests"""
     prompt_tokens: int = 32
     """length of each synthetic prompt (token ids, fresh for every request: no prefix-cache hits)"""
     decode_tokens: int = 64
-    """extra output tokens of the long request; the difference with the 1-token request is
-    ``decode_tokens`` pure decode steps"""
+    """request method: extra output tokens of the long request; the difference with the 1-token
+    request is ``decode_tokens`` pure decode steps"""
     repeats: int = 3
-    """samples per cell; the cell's step time is their median"""
+    """samples per cell (in-flight: windows, interleaved); the cell's step time is their median"""
     warmup_batches: tuple[int, ...] = (1, 8, 64)
-    """batch sizes run once (not recorded) after each k is set, clipped to max_num_seqs"""
+    """batch sizes run once (not recorded) at each k before timing, clipped to max_num_seqs"""
     outlier_factor: float = 1.5
     """a cell whose median stands out from every grid neighbour (same k) by more than this
     factor, in the same direction, is re-measured"""
@@ -46,17 +53,47 @@ class TimingSettings:
 
 
 @dataclass(frozen=True)
+class InFlightSettings:
+    """The in-flight method: how long a window is, how requests are kept, what rides along."""
+
+    window_steps: int = 16
+    """a window (one sample) ends once this many steps at (B, k) are counted..."""
+    window_max_s: float = 0.25
+    """...or once its steps took this long, if it has ``min_window_steps`` (slow cells)"""
+    min_window_steps: int = 4
+    max_context: int = 256
+    """requests are replaced by fresh ones before the oldest one's context passes this"""
+    poll_s: float = 0.02
+    """how often /metrics is read while waiting for a window to fill"""
+    sync_interval_s: float = 0.05
+    """TABLETUNE_SYNC_INTERVAL_S of a launched server: how fresh the exported step cells are
+    (each sync is one small call into the engine; windows end on syncs)"""
+    window_timeout_s: float = 60.0
+    """no window at (B, k) for this long: the engine is not running the requests; stop"""
+    attempts: int = 4
+    """a window that is not exactly B requests decoding is taken again, up to this many times"""
+    prefill_stream: PrefillStream | None = None
+    """traffic-faithful timing: one-token requests at this rate and prompt lengths run in the
+    background, their prefill riding along with the timed decode steps"""
+    cross_check: tuple[int, ...] = ()
+    """batch sizes re-timed with the request method (every k, same launch) to show that both
+    methods agree on pure decode; the summary gives the agreement"""
+
+
+@dataclass(frozen=True)
 class AcceptanceSettings:
     """How a^prior is measured: the longest K, the serving sampler, a prompt set."""
 
-    num_prompts: int = 160
+    num_prompts: int = 320
+    """prompts used (the bundled set holds 325)"""
     max_tokens: int = 128
     temperature: float = 0.0
     """the serving temperature (0: greedy)"""
     concurrency: int = 32
     """prompts per request (vLLM runs a list of prompts as that many concurrent requests)"""
     prompts_path: str | None = None
-    """JSONL: {"prompt": "text"} or {"prompt_token_ids": [...]} per line; None: synthetic ids"""
+    """JSONL: {"prompt": "text"} or {"prompt_token_ids": [...]} per line; None: the bundled chat
+    prompts when the server has a tokenizer, else synthetic token ids"""
     synthetic_rates: tuple[float, ...] | None = None
     """test mode: the engine's synthetic sampler with these a_i instead of the serving sampler
     (acceptance then must come back as set: a check of the whole counting path)"""
@@ -97,6 +134,7 @@ class LaunchSettings:
 class ProfilerSettings:
     grid: GridSettings = field(default_factory=GridSettings)
     timing: TimingSettings = field(default_factory=TimingSettings)
+    in_flight: InFlightSettings = field(default_factory=InFlightSettings)
     acceptance: AcceptanceSettings = field(default_factory=AcceptanceSettings)
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     launch: LaunchSettings = field(default_factory=LaunchSettings)

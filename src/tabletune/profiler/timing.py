@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from tabletune.errors import InputError
 from tabletune.profiler.errors import MeasurementError
 from tabletune.schemas.profile import Cell
 
 CellKey = tuple[int, int]  # (batch_size, k)
+
+
+@dataclass(frozen=True)
+class CellDetails:
+    """What a cell's steps carried (the profile's optional per-cell fields)."""
+
+    context_tokens: float | None = None
+    tokens_per_step: float | None = None
 
 
 def batch_grid(max_num_seqs: int, *, dense_until: int = 16, step: int = 8) -> tuple[int, ...]:
@@ -80,7 +89,9 @@ def suspicious_cells(
 
 
 def build_cells(
-    samples: Mapping[CellKey, Sequence[float]], noisy: set[CellKey]
+    samples: Mapping[CellKey, Sequence[float]],
+    noisy: set[CellKey],
+    details: Mapping[CellKey, CellDetails] | None = None,
 ) -> tuple[Cell, ...]:
     """Cells with every raw sample and their median; ``noisy`` cells keep their measured median.
 
@@ -95,6 +106,7 @@ def build_cells(
                 f"B={b} k={k}: non-positive step time in samples {list(values)} "
                 "(the long request did not take longer than the short one)"
             )
+        extra = (details or {}).get((b, k), CellDetails())
         cells.append(
             Cell(
                 batch_size=b,
@@ -102,6 +114,8 @@ def build_cells(
                 samples_ms=tuple(values),
                 step_ms=value,
                 noisy=(b, k) in noisy,
+                context_tokens=extra.context_tokens,
+                tokens_per_step=extra.tokens_per_step,
             )
         )
     return tuple(cells)

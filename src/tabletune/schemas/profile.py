@@ -11,12 +11,24 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tabletune.schemas.acceptance import AcceptanceProfile
+from tabletune.schemas.shape import TimingShape
 from tabletune.solver.model import StepTimes, interpolate_rows
 
 PROFILE_SCHEMA_VERSION: Literal[1] = 1
 
 # sigma of a normal distribution per median absolute deviation
 MAD_TO_SIGMA = 1.4826
+
+
+class CudaGraphCapture(BaseModel):
+    """The engine's CUDA-graph capture sizes (token counts), which decide which (B, k) steps run
+    a full graph, a piecewise one, or none (tabletune.profiler.cudagraphs)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_capture_size: int = Field(ge=0, description="compilation_config.max_cudagraph_capture_size")
+    capture_sizes: tuple[int, ...] = Field(description="compilation_config.cudagraph_capture_sizes")
+    source: str = Field(description="where these came from: the engine's log, or vLLM's default")
 
 
 class ProfileMetadata(BaseModel):
@@ -42,6 +54,18 @@ class ProfileMetadata(BaseModel):
     sample: bool = Field(default=False, description="true: not measured, an illustration")
     incomplete: bool = Field(default=False, description="true: the run was interrupted")
     notes: str = ""
+    # Optional, added later; absent in older profiles.
+    timing_method: Literal["request", "in-flight"] | None = Field(
+        default=None,
+        description="request: (t(1+n) - t(1)) / n of whole requests; in-flight: the plugin's "
+        "step cells while B requests decode (None: older profiles, the request method)",
+    )
+    timing_shape: TimingShape | None = Field(
+        default=None, description="prompt, context and prefill stream the steps were timed under"
+    )
+    cuda_graphs: CudaGraphCapture | None = Field(
+        default=None, description="the engine's CUDA-graph capture sizes"
+    )
 
 
 class Cell(BaseModel):
@@ -54,6 +78,19 @@ class Cell(BaseModel):
     samples_ms: tuple[float, ...] = Field(min_length=1)
     step_ms: float = Field(gt=0, description="the chosen statistic of samples_ms")
     noisy: bool = Field(default=False, description="stayed jumpy after re-measuring")
+    # Optional, added later; absent in older profiles.
+    context_tokens: float | None = Field(
+        default=None, ge=0, description="mean context (prompt + generated) of the timed steps"
+    )
+    tokens_per_step: float | None = Field(
+        default=None, ge=0, description="mean scheduled tokens per timed step (B*(1+k): decode)"
+    )
+    cuda_graph: Literal["full", "piecewise", "eager"] | None = Field(
+        default=None,
+        description="what vLLM's V2 runner dispatches a pure-decode step of this cell to, from "
+        "the capture sizes (computed, not observed)",
+    )
+    note: str = Field(default="", description="why this cell stands out, where known")
 
     @model_validator(mode="after")
     def _positive(self) -> Cell:

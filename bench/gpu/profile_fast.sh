@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The fast profiler on real vLLM 0.26.0 (one H200), ONE launch, under 9 minutes including
+# start-up (profile_fast.py): an in-flight grid B=1..256 (dense to 16, then every 8) x k=0..3,
+# 3 windows per cell; the request method on 8 batch sizes x 4 k in the same launch (do both
+# methods agree on pure decode?); acceptance under synthetic rates; a second in-flight grid (do
+# two profiles in a row give the same table?).
+#
+# Usage, on the GPU host from the repository root, after `source .gpu-bundle/p3/device-setup.sh`
+# (shared/gpu/README.md) with this branch's wheel in .gpu-bundle/p3/:
+#     bash bench/gpu/profile_fast.sh
+# Preparing the wheel here (this machine reaches PyPI, the GPU host does not):
+#     .venv/bin/pip wheel --no-deps -w .gpu-bundle/p3/ .
+# Results under $OUT: profile_fast.json (meta with device, engine version, date, commit, start-up
+# time and GPU memory; each run's profiler summary; both tables; errors and skipped parts; the
+# report's summary), profile_fast_h200.json (the goals) and profile_fast_h200.png, run1/ and run2/
+# (each run's profile, summary, table, raw windows), profile_fast_vllm_log.txt (log excerpt),
+# profile_fast_run_log.txt (this script's output). Then, here:
+#     .venv/bin/python bench/gpu/profile_fast_report.py profile_fast.json
+# writes bench/results/profile_fast_h200.json and its PNG.
+#
+# Set-up: dummy Qwen3-4B + EAGLE-3 shapes (config folders, --load-format dummy, no tokenizer),
+# V2 runner, K=3, max_num_seqs 256, the profiler's starting table [[1,1,3],[2,2,2],[3,3,1],
+# [4,256,0]] (every k captured), the standard sampler at start (the profiler hook switches it:
+# every guess rejected for timing, synthetic 0.75/0.55/0.40 for acceptance), all three plugin
+# entry points and the profiler hook (VLLM_SERVER_DEV_MODE=1), the plugin's sync every 0.05 s.
+# Env: OUT (/tmp/profile-fast), MODELS (/tmp/models), WHEEL (the newest
+# .gpu-bundle/p3/tabletune-*.whl; "none": the tabletune already importable), BUDGET_S (525: this
+# script from start to the report), PORT (8000), COMMIT (git rev-parse HEAD; pass it where the
+# checkout has no .git), SERVER_MODULE (vLLM's api_server), SYNC_S (0.05), CAPTURE_SIZE (unset:
+# vLLM's default; N: --compilation-config max_cudagraph_capture_size N), NAME (profile_fast:
+# the result files' stem), DRIVER_ARGS (more flags for profile_fast.py). A CPU dry run against
+# the plugin-based stand-in (about a minute; tests/integration/test_profile_fast_dry_run.py):
+#     WHEEL=none SERVER_MODULE=tests.support.vllm_stand_in PYTHONPATH=src:. BUDGET_S=200 \
+#     DRIVER_ARGS="--max-num-seqs 8 --dense-until 4 --grid-step 4 --cross-check 1,8 \
+#       --window-steps 8" bash bench/gpu/profile_fast.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+started=$(date +%s)
+OUT=${OUT:-/tmp/profile-fast}
+MODELS=${MODELS:-/tmp/models}
+WHEEL=${WHEEL:-$(ls -t .gpu-bundle/p3/tabletune-*.whl 2>/dev/null | head -1)}
+SERVER_MODULE=${SERVER_MODULE:-vllm.entrypoints.openai.api_server}
+SYNC_S=${SYNC_S:-0.05}
+BUDGET_S=${BUDGET_S:-525}
+PORT=${PORT:-8000}
+NAME=${NAME:-profile_fast}
+COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/${NAME}_run_log.txt") 2>&1
+export PYTHONUNBUFFERED=1
+work=$(mktemp -d /tmp/tt-fast.XXXXXX)
+
+# TableTune (entry points included) into a private site dir, first on the path.
+if [[ $WHEEL != none ]]; then
+  [[ -f $WHEEL ]] || { echo "no tabletune wheel (WHEEL=$WHEEL)" >&2; exit 2; }
+  python3 -m pip install -q --no-deps --no-index --no-compile --target "$work/site" "$WHEEL" \
+    || exit 2
+  export PYTHONPATH="$work/site:${PYTHONPATH:-}"
+fi
+python3 -c 'import tabletune.profiler.inflight' || { echo "tabletune not importable" >&2; exit 2; }
+
+TABLE='[[1,1,3],[2,2,2],[3,3,1],[4,256,0]]'
+SPEC="{\"method\":\"eagle3\",\"model\":\"$MODELS/qwen3-4b-eagle3\",\"num_speculative_tokens\":3,\"num_speculative_tokens_per_batch_size\":$TABLE,\"rejection_sample_method\":\"standard\"}"
+ARGS=(--model "$MODELS/qwen3-4b" --served-model-name qwen3-4b --load-format dummy
+      --skip-tokenizer-init --max-num-seqs 256 --max-model-len 4096 --port "$PORT"
+      --speculative-config "$SPEC")
+if [[ -n ${CAPTURE_SIZE:-} ]]; then
+  ARGS+=(--compilation-config "{\"max_cudagraph_capture_size\": $CAPTURE_SIZE}")
+fi
+
+# vLLM in its own process group, so it is stopped by its id.
+env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics,tabletune_profiler \
+  VLLM_SERVER_DEV_MODE=1 VLLM_USE_V2_MODEL_RUNNER=1 TABLETUNE_ADMIN_OPEN=loopback \
+  TABLETUNE_SYNC_INTERVAL_S="$SYNC_S" setsid python3 -m "$SERVER_MODULE" "${ARGS[@]}" \
+  >"$work/vllm.log" 2>&1 &
+vllm_pid=$!
+launched=$(date +%s)
+stop_vllm() {
+  kill -TERM -- "-$vllm_pid" 2>/dev/null
+  for _ in $(seq 1 20); do kill -0 "$vllm_pid" 2>/dev/null || break; sleep 1; done
+  kill -KILL -- "-$vllm_pid" 2>/dev/null
+  { grep -E "tabletune|Loaded|plugin|Traceback|Error|Graph capturing|max_cudagraph_capture_size|Capturing CUDA" \
+      "$work/vllm.log" | cut -c1-600 | head -80
+    echo "----- last 30 lines -----"; tail -30 "$work/vllm.log" | cut -c1-600; } \
+    >"$OUT/${NAME}_vllm_log.txt"
+}
+trap stop_vllm EXIT
+
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+engine=$(python3 -c 'from importlib.metadata import version; print(version("vllm"))' 2>/dev/null \
+  || python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo unknown)
+# GPU memory once vLLM answers (weights, KV cache, graphs), for the capture-size comparison.
+( for _ in $(seq 1 600); do
+    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+      "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+    kill -0 "$vllm_pid" 2>/dev/null || exit 0; sleep 1; done
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 \
+    >"$work/memory_mib" ) &
+memory_pid=$!
+meta=$(python3 -c 'import json, sys
+device, engine, commit, table, spec, args, module, sync, capture = sys.argv[1:10]
+print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, "commit": commit,
+  "starting_table": json.loads(table), "speculative_config": json.loads(spec), "vllm_args": args,
+  "server_module": module, "capture_size": capture or None,
+  "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "TABLETUNE_SYNC_INTERVAL_S": sync}}))' \
+  "$gpu" "$engine" "$COMMIT" "$TABLE" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S" \
+  "${CAPTURE_SIZE:-}")
+
+# The driver's budget: what is left of BUDGET_S, less ~25 s for stopping vLLM and the report.
+# It keeps to it (parts that no longer fit are skipped); `timeout` is the last resort, and the
+# JSON written after the last finished part stays.
+now=$(date +%s)
+budget=$((BUDGET_S - (now - started) - 25))
+timeout -s INT $((budget + 20)) python3 bench/gpu/profile_fast.py \
+  --base "http://127.0.0.1:$PORT" --pid "$vllm_pid" --out "$OUT/$NAME.json" \
+  --meta "$meta" --started-s $((now - launched)) --budget-s "$budget" \
+  --vllm-log "$work/vllm.log" --model-path "$MODELS/qwen3-4b" \
+  --drafter-path "$MODELS/qwen3-4b-eagle3" --sync-interval-s "$SYNC_S" \
+  --memory-file "$work/memory_mib" ${DRIVER_ARGS:-}
+rc=$?
+kill "$memory_pid" 2>/dev/null
+stop_vllm
+trap - EXIT
+python3 bench/gpu/profile_fast_report.py "$OUT/$NAME.json" --out "$OUT/${NAME}_h200.json" \
+  || { [ "$rc" -eq 0 ] && rc=3; }
+echo "done in $(( $(date +%s) - started )) s (driver exit $rc)"
+exit "$rc"

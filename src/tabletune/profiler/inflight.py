@@ -1,0 +1,335 @@
+"""In-flight timing: B requests kept decoding, k switched at run time, step times read from the
+plugin's step cells (docs/profiler.md, "Method").
+
+For each batch size of the grid, in increasing order: hold exactly B requests decoding (send
+more to go up; fresh ones when contexts would grow past the cap), wait for a window of steps
+that is B requests decoding and nothing else, then for each repeat and each k (the k order
+rotated per repeat) set "k at every batch size" and read the increase of the cell of (B, k)
+over the next window of ``window_steps`` steps. A window is one sample: its steps' mean
+duration. The first step at a new k is counted apart by the plugin (a switch step), so no
+window holds one; a window that is not exactly B requests decoding at k (a request ended,
+prefill rode along) is taken again with fresh requests. A cell costs tens of steps, not a
+prefill of B prompts per sample. Suspicious cells are re-measured and flagged as with the
+request method.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from tabletune.profiler.errors import MeasurementError
+from tabletune.profiler.inflight_plan import (
+    Group,
+    Holding,
+    k_orders,
+    next_action,
+    output_tokens,
+)
+from tabletune.profiler.measure import TimingResult, remeasure
+from tabletune.profiler.progress import Reporter
+from tabletune.profiler.prompts import TokenPrompts
+from tabletune.profiler.records import WindowSample
+from tabletune.profiler.settings import InFlightSettings, TimingSettings
+from tabletune.profiler.step_reading import (
+    StepReading,
+    window_broken,
+    window_problem,
+    window_totals,
+)
+from tabletune.profiler.timing import CellDetails, CellKey
+from tabletune.profiler.traffic import Traffic
+from tabletune.schemas.shape import PrefillStream, TimingShape
+from tabletune.step_cells import CellTotals
+
+log = logging.getLogger("tabletune.profiler")
+
+
+class StepCellEngine(Protocol):
+    """What the in-flight measurer needs of the engine (``EngineHttp`` has it)."""
+
+    def set_k_everywhere(self, k: int, max_num_seqs: int) -> object: ...
+
+    def step_reading(self) -> StepReading: ...
+
+
+class InFlightMeasurer:
+    """Times cells on one engine; every window goes to ``on_window`` as it is taken."""
+
+    def __init__(
+        self,
+        engine: StepCellEngine,
+        traffic: Traffic,
+        *,
+        settings: TimingSettings,
+        in_flight: InFlightSettings,
+        max_num_seqs: int,
+        reporter: Reporter,
+        on_window: Callable[[WindowSample], None],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._engine = engine
+        self._traffic = traffic
+        self._settings = settings
+        self._in = in_flight
+        self._max = max_num_seqs
+        self._reporter = reporter
+        self._on_window = on_window
+        self._clock = clock
+        self._sleep = sleep
+        self._prompts = TokenPrompts.for_timing(settings)
+        self._stream = in_flight.prefill_stream is not None
+        self._holding = Holding()
+        self._k: int | None = None
+        self._last = StepReading()
+        self._read_last = StepReading()
+        self._changed_at = clock()
+        self._sync_gaps: deque[float] = deque([in_flight.sync_interval_s], maxlen=8)
+        self._idle_since_change = False
+        self._windows: dict[CellKey, list[WindowSample]] = {}
+        self.refused: list[str] = []
+        self.fresh_starts = 0
+
+    # -- readings and k ----------------------------------------------------------------------
+    def _read(self) -> StepReading:
+        """The latest reading; notes when it changed, which tells how often the plugin syncs
+        (a reading changes on every sync while the engine steps)."""
+        errors = self._traffic.failures()
+        if errors:
+            raise MeasurementError(f"a timed request failed: {errors[0]}")
+        reading = self._engine.step_reading()
+        if reading != self._read_last:
+            now = self._clock()
+            if not self._idle_since_change:  # a gap across an idle engine is no sync interval
+                self._sync_gaps.append(now - self._changed_at)
+            self._changed_at, self._read_last = now, reading
+            self._idle_since_change = False
+        return reading
+
+    @property
+    def sync_interval_s(self) -> float:
+        """How often the readings changed lately while the engine stepped: the plugin's sync
+        interval as seen from here (plus the polling's granularity)."""
+        return max(self._sync_gaps)
+
+    def _wait_idle(self) -> None:
+        """Wait until the engine stopped stepping: no change for 2.5 sync intervals (the longest
+        gap between changes seen lately). Requests just stopped may run on until the engine
+        sees their client gone; alone they could look like the batch wanted."""
+        deadline = self._clock() + self._in.window_timeout_s
+        while self._clock() < deadline:
+            self._read()
+            if self._clock() - self._changed_at >= 2.5 * self.sync_interval_s:
+                self._idle_since_change = True
+                return
+            self._sleep(self._in.poll_s)
+        raise MeasurementError(
+            f"the engine kept stepping {self._in.window_timeout_s:.0f}s after every request was "
+            "stopped: is other traffic running?"
+        )
+
+    def _set_k(self, k: int) -> None:
+        if k != self._k:
+            self._engine.set_k_everywhere(k, self._max)
+            self._k = k
+
+    # -- holding B requests ------------------------------------------------------------------
+    def _send(self, count: int) -> None:
+        prompt = self._settings.prompt_tokens
+        sent_at = self._read().engine_steps
+        self._traffic.send(
+            self._prompts.take(count),
+            max_tokens=output_tokens(prompt, self._in.max_context),
+        )
+        self._holding = self._holding.with_group(Group(count, prompt, sent_at))
+
+    def _hold(self, batch: int) -> None:
+        """Exactly ``batch`` requests decoding, and a reading taken while they were."""
+        action = next_action(
+            self._holding,
+            batch,
+            self._last.engine_steps,
+            coming_steps=2 * self._in.window_steps,
+            max_context=self._in.max_context,
+        )
+        if action == "keep":
+            return
+        if action == "fresh":
+            self._stop()
+            self.fresh_starts += 1
+        self._send(batch - self._holding.running)
+        if self._in.prefill_stream is not None:
+            self._traffic.start_stream(self._in.prefill_stream)
+        self._settle(batch)
+
+    def _stop(self) -> None:
+        """Stop every request (and the prefill stream) and wait for the engine to go idle."""
+        self._traffic.stop_stream()
+        self._traffic.stop_all()
+        self._holding = Holding()
+        self._wait_idle()
+
+    def _settle(self, batch: int) -> None:
+        """Wait for a window (between two syncs) of steps that are ``batch`` requests decoding
+        at the current k: every request sent is in and past its prefill. (Going up, the ones
+        kept are fewer than ``batch``; starting over, the stopped ones are gone.)"""
+        assert self._k is not None
+        deadline = self._clock() + self._in.window_timeout_s
+        previous = self._read()
+        problem = "no step yet"
+        while self._clock() < deadline:
+            self._sleep(self._in.poll_s)
+            reading = self._read()
+            if reading == previous:
+                continue  # no sync since
+            found = window_problem(reading.since(previous), batch, self._k, stream=self._stream)
+            previous = reading
+            if found is None:
+                self._last = reading
+                return
+            problem = found
+        raise MeasurementError(
+            f"B={batch}: the requests sent did not settle into {batch} decoding within "
+            f"{self._in.window_timeout_s:.0f}s (last window: {problem})"
+        )
+
+    # -- one window --------------------------------------------------------------------------
+    def _full(self, totals: CellTotals) -> bool:
+        if totals.steps >= self._in.window_steps:
+            return True
+        return totals.steps >= self._in.min_window_steps and totals.seconds >= self._in.window_max_s
+
+    def _fill(self, batch: int, k: int, before: StepReading) -> StepReading:
+        deadline = self._clock() + self._in.window_timeout_s
+        while self._clock() < deadline:
+            self._sleep(self._in.poll_s)
+            reading = self._read()
+            window = reading.since(before)
+            if self._full(window_totals(window, batch, k, stream=self._stream)):
+                return reading
+            if window_broken(window, batch, k, stream=self._stream):
+                return reading  # no use waiting: the caller sees the problem
+        raise MeasurementError(
+            f"B={batch} k={k}: fewer than {self._in.min_window_steps} steps within "
+            f"{self._in.window_timeout_s:.0f}s: is the engine running the requests?"
+        )
+
+    def window(self, batch: int, k: int, round_: int) -> float:
+        """One sample of (B, k): a window of steps that is exactly B decoding at k."""
+        problem = ""
+        for _ in range(self._in.attempts):
+            self._hold(batch)
+            before = self._last
+            self._set_k(k)
+            after = self._fill(batch, k, before)
+            self._last = after
+            window = after.since(before)
+            found = window_problem(window, batch, k, stream=self._stream)
+            if found is None:
+                return self._record(batch, k, round_, before, after, window)
+            problem = found
+            self.refused.append(problem)
+            log.info("window taken again: %s", problem)
+            self._holding = Holding()  # something ended or joined: start over with fresh ones
+        raise MeasurementError(
+            f"B={batch} k={k}: {self._in.attempts} windows in a row were not {batch} requests "
+            f"decoding at k={k} (last: {problem})"
+        )
+
+    def _record(
+        self,
+        batch: int,
+        k: int,
+        round_: int,
+        before: StepReading,
+        after: StepReading,
+        window: StepReading,
+    ) -> float:
+        totals = window_totals(window, batch, k, stream=self._stream)
+        middle = (before.engine_steps + after.engine_steps) / 2
+        sample = WindowSample(
+            batch_size=batch,
+            k=k,
+            round=round_,
+            steps=totals.steps,
+            seconds=totals.seconds,
+            seconds_sq=totals.seconds_sq,
+            tokens=totals.tokens,
+            requests=totals.requests,
+            context_tokens=self._holding.mean_context(middle),
+            step_ms=1000.0 * totals.mean_s,
+        )
+        self._windows.setdefault((batch, k), []).append(sample)
+        self._on_window(sample)
+        return sample.step_ms
+
+    # -- the grid ----------------------------------------------------------------------------
+    def _warm_up(self, ks: Sequence[int]) -> None:
+        """One unrecorded window per k at a few batch sizes: lazy set-up happens here."""
+        for batch in sorted({min(b, self._max) for b in self._settings.warmup_batches}):
+            for k in ks:
+                self._hold(batch)
+                before = self._last
+                self._set_k(k)
+                self._last = self._fill(batch, k, before)
+
+    def _cells(self, cells: Sequence[CellKey], round_: int) -> dict[CellKey, list[float]]:
+        """``repeats`` windows of each cell, batch sizes in increasing order, k interleaved."""
+        out: dict[CellKey, list[float]] = {}
+        for batch in sorted({b for b, _ in cells}):
+            ks = sorted(k for b, k in cells if b == batch)
+            for order in k_orders(ks, self._settings.repeats):
+                for k in order:
+                    out.setdefault((batch, k), []).append(self.window(batch, k, round_))
+                    self._reporter.advance(f"B={batch} k={k}")
+        return out
+
+    def measure(self, grid: Sequence[int], ks: Sequence[int]) -> TimingResult:
+        result = TimingResult()
+        self._set_k(ks[0])
+        try:
+            self._warm_up(ks)
+            self._reporter.phase("timing (in-flight)", len(grid) * len(ks) * self._settings.repeats)
+            result.samples = self._cells([(b, k) for b in grid for k in ks], 0)
+            self._reporter.done()
+            remeasure(
+                result,
+                grid,
+                settings=self._settings,
+                reporter=self._reporter,
+                measure_again=self._cells,
+            )
+        finally:
+            self._traffic.stop_stream()
+            self._traffic.stop_all()
+        self._wait_idle()  # nothing of this phase runs into the next
+        result.details = {cell: details_of(windows) for cell, windows in self._windows.items()}
+        result.refused = list(self.refused)
+        return result
+
+
+def details_of(windows: Sequence[WindowSample]) -> CellDetails:
+    """Mean context and tokens per step over a cell's windows (every round)."""
+    steps = sum(w.steps for w in windows)
+    return CellDetails(
+        context_tokens=sum(w.context_tokens * w.steps for w in windows) / steps,
+        tokens_per_step=sum(w.tokens for w in windows) / steps,
+    )
+
+
+def shape_of_windows(
+    windows: Sequence[WindowSample], *, prompt_tokens: int, stream: PrefillStream | None
+) -> TimingShape:
+    """The traffic shape the windows were timed under (means over their steps)."""
+    steps = sum(w.steps for w in windows)
+    extra = sum(w.tokens - w.requests * (1 + w.k) for w in windows)
+    return TimingShape(
+        prompt_tokens=prompt_tokens,
+        context_tokens=sum(w.context_tokens * w.steps for w in windows) / steps if steps else None,
+        extra_tokens_per_step=max(0.0, extra / steps) if steps else 0.0,
+        prefill_stream=stream,
+    )

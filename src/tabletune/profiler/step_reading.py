@@ -1,0 +1,181 @@
+"""The plugin's step cells as read from vLLM's /metrics, and what a window of them says. Pure.
+
+The engine core counts every step that decodes into its cell (k = the drafts it verified,
+batch cell of B = its scheduled requests): steps, seconds, seconds squared, scheduled tokens,
+scheduled requests (``tabletune.step_cells``); the first step at a new k goes to the switch
+counters instead, prefill-only steps to ``steps_without_decode``. The HTTP side exports the
+engine's totals as of its last sync. Two readings give the increase over the steps between
+their syncs; ``window_problem`` says whether that increase is exactly the steps wanted: B
+requests decoding at k and nothing else (or, under a prefill stream, B requests decoding with
+prefill of other requests riding along).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tabletune import metric_names as names
+from tabletune.profiler.errors import MeasurementError
+from tabletune.step_cells import (
+    CellKey,
+    CellTotals,
+    cell_key,
+    cell_label,
+    cell_of,
+    parse_cell_label,
+)
+
+CELL_SAMPLES = (  # in CellTotals' field order
+    f"{names.TT_STEPS}_total",
+    f"{names.TT_STEP_SECONDS}_total",
+    f"{names.TT_STEP_SECONDS_SQUARED}_total",
+    f"{names.TT_STEP_TOKENS}_total",
+    f"{names.TT_STEP_REQUESTS}_total",
+)
+WITHOUT_DECODE = f"{names.TT_STEPS_WITHOUT_DECODE}_total"
+SWITCH_STEPS = f"{names.TT_SWITCH_STEPS}_total"
+_PREFIXES = ("tabletune_step", "tabletune_k_switch")
+STREAM_OVERLAP = 8
+NO_STEPS = "no step in the window"
+"""under a prefill stream, steps with up to this many requests beyond B count as B's"""
+
+
+@dataclass(frozen=True)
+class StepReading:
+    """Step-cell totals of the engine(s) behind one /metrics (sums since the engine started)."""
+
+    cells: Mapping[CellKey, CellTotals] = field(default_factory=dict)
+    steps_without_decode: float = 0.0
+    switch_steps: float = 0.0
+
+    @property
+    def engine_steps(self) -> float:
+        """Every step the engine timed: decoding, prefill-only and switch steps."""
+        return (
+            sum(t.steps for t in self.cells.values())
+            + self.steps_without_decode
+            + self.switch_steps
+        )
+
+    def since(self, earlier: StepReading) -> StepReading:
+        """The increase from ``earlier``; MeasurementError when a counter went back (the engine
+        restarted, or another engine answered)."""
+        cells = {}
+        for key, totals in self.cells.items():
+            before = earlier.cells.get(key, CellTotals())
+            if totals.went_back_from(before):
+                raise MeasurementError(f"step cell {key} went back: did the engine restart?")
+            cells[key] = totals.since(before)
+        if any(key not in self.cells for key in earlier.cells) or (
+            self.steps_without_decode < earlier.steps_without_decode
+        ):
+            raise MeasurementError("step counters went back: did the engine restart?")
+        return StepReading(
+            {key: t for key, t in cells.items() if t.steps > 0},
+            self.steps_without_decode - earlier.steps_without_decode,
+            self.switch_steps - earlier.switch_steps,
+        )
+
+    def cell(self, k: int, batch: int) -> CellTotals:
+        return self.cells.get(cell_key(k, batch), CellTotals())
+
+
+def parse_step_reading(text: str) -> StepReading:
+    """The step cells in a /metrics text, summed over engines (only the plugin's lines are
+    parsed: vLLM's own families are many times larger)."""
+    mine = "\n".join(line for line in text.splitlines() if any(p in line for p in _PREFIXES))
+    sums: dict[CellKey, list[float]] = {}
+    without = switches = 0.0
+    try:
+        families = list(text_string_to_metric_families(mine + "\n"))
+    except ValueError as error:
+        raise MeasurementError(f"/metrics: the plugin's step cells do not parse: {error}") from None
+    for family in families:
+        for sample in family.samples:
+            if sample.name in CELL_SAMPLES:
+                try:
+                    key = (
+                        int(sample.labels[names.LABEL_K]),
+                        *parse_cell_label(sample.labels[names.LABEL_BATCH]),
+                    )
+                except (KeyError, ValueError):
+                    raise MeasurementError(
+                        f"/metrics: {sample.name} with labels {sample.labels}: not a step cell"
+                    ) from None
+                sums.setdefault(key, [0.0] * 5)[CELL_SAMPLES.index(sample.name)] += sample.value
+            elif sample.name == WITHOUT_DECODE:
+                without += sample.value
+            elif sample.name == SWITCH_STEPS:
+                switches += sample.value
+    return StepReading({key: CellTotals(*row) for key, row in sums.items()}, without, switches)
+
+
+def _same(value: float, expected: float) -> bool:
+    return math.isclose(value, expected, rel_tol=1e-9, abs_tol=1e-6)
+
+
+def window_totals(window: StepReading, batch: int, k: int, *, stream: bool) -> CellTotals:
+    """The steps of a window that count as "B requests decoding at k": the cell of B, and under
+    a prefill stream also the cells up to B + STREAM_OVERLAP (B decoding plus arrivals)."""
+    if not stream:
+        return window.cell(k, batch)
+    wanted = {cell_of(b) for b in range(batch, batch + STREAM_OVERLAP + 1)}
+    out = CellTotals()
+    for (kk, low, high), totals in window.cells.items():
+        if kk == k and (low, high) in wanted:
+            out = out + totals
+    return out
+
+
+def _strays(window: StepReading, batch: int, *, stream: bool) -> list[str]:
+    """Steps that show a batch size other than B's (any k), and prefill-only steps."""
+    if stream:
+        cells = {cell_label((low, high)) for (_, low, high) in window.cells if high < batch}
+        return sorted(cells)
+    others = {cell_label((low, high)) for (_, low, high) in window.cells} - {
+        cell_label(cell_of(batch))
+    }
+    without = (
+        [f"{window.steps_without_decode:.0f} prefill-only"] if window.steps_without_decode else []
+    )
+    return sorted(others) + without
+
+
+def window_problem(window: StepReading, batch: int, k: int, *, stream: bool = False) -> str | None:
+    """Why the window's steps at k are not B requests decoding (None: they are).
+
+    Pure decode: every step in the cell of B had exactly B requests and B * (1 + k) tokens, no
+    step ran at another batch size (any k: the tail of the previous k is fine), and no step only
+    prefilled. Under a prefill stream: every step had B to B + STREAM_OVERLAP requests and at
+    least B * (1 + k) tokens, and none ran with fewer than B.
+    """
+    mine = window_totals(window, batch, k, stream=stream)
+    where = f"B={batch} k={k}"
+    strays = _strays(window, batch, stream=stream)
+    if strays:
+        return f"{where}: steps at other batch sizes ({', '.join(strays)})"
+    if mine.steps <= 0:
+        return f"{where}: {NO_STEPS}"
+    if stream:
+        if mine.requests < mine.steps * batch - 1e-6:
+            return f"{where}: {mine.mean_batch:.2f} requests per step, fewer than {batch}"
+        if mine.tokens < mine.steps * batch * (1 + k) - 1e-6:
+            return f"{where}: {mine.mean_tokens:.1f} tokens per step, fewer than B*(1+k)"
+        return None
+    if not _same(mine.requests, mine.steps * batch):
+        return f"{where}: {mine.mean_batch:.2f} requests per step in its cell, not {batch}"
+    extra = mine.tokens - mine.steps * batch * (1 + k)
+    if not _same(extra, 0.0):
+        return f"{where}: {extra / mine.steps:+.1f} tokens per step beyond B*(1+k): prefill"
+    return None
+
+
+def window_broken(window: StepReading, batch: int, k: int, *, stream: bool = False) -> bool:
+    """The window can no longer become B requests decoding at k: waiting longer will not help
+    (it has wrong steps, not merely too few)."""
+    problem = window_problem(window, batch, k, stream=stream)
+    return problem is not None and not problem.endswith(NO_STEPS)
