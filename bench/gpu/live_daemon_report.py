@@ -102,7 +102,14 @@ def report(raw: Row) -> Row:
         arm: [w["tokens_per_s"] for w in references if w["arm"] == arm] for arm in ("k2", "k3")
     }
     best = max(statistics.fmean(v) for v in fixed.values())
-    daemon = [w["tokens_per_s"] for w in raw["windows"] if w["part"] == "daemon"]
+    daemon_windows = [w for w in raw["windows"] if w["part"] == "daemon"]
+    daemon = [w["tokens_per_s"] for w in daemon_windows]
+    start_table = raw["meta"]["daemon"]["start_table"]
+    changed = next(
+        (i for i, w in enumerate(daemon_windows) if w["view"]["table"] != start_table), None
+    )
+    # Whole windows under the daemon's new table: those after the one it changed in.
+    steady = [] if changed is None else daemon[changed + 1 :]
     last_table = [w["tokens_per_s"] for w in arm_windows(raw, "after-daemon", "daemon")]
     bursts = [w for w in raw["windows"] if w["part"] == "bursts"]
     fixed_k2 = arm_windows(raw, "fixed-k", "k2") + arm_windows(raw, "after-daemon", "k2")
@@ -122,6 +129,13 @@ def report(raw: Row) -> Row:
             "table_at_end": daemon_table,
             "last_table_rotated_with_fixed_k": spread(last_table) if last_table else None,
             "loss_vs_best_fixed_k": 1.0 - statistics.fmean(daemon) / best,
+            "table_changed_in_window_ending_s": None
+            if changed is None
+            else daemon_windows[changed].get("since_daemon_start_s"),
+            "windows_after_the_change": spread(steady) if steady else None,
+            "loss_after_the_change_vs_best_fixed_k": (
+                1.0 - statistics.fmean(steady) / best if steady else None
+            ),
         },
         "replay_at_this_commit": {
             "note": "the daemon part's recorded step cells fed into this checkout's estimator "

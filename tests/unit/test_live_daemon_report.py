@@ -1,0 +1,88 @@
+"""The H200 live-daemon report: references, bursts, the daemon part and the replay."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tabletune.step_cells import CellTotals, cells_to_wire
+
+ROOT = Path(__file__).resolve().parents[2]
+START = [[1, 76, 3], [77, 81, 2], [82, 128, 3], [129, 157, 1], [158, 164, 2], [165, 256, 1]]
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    path = ROOT / "bench" / "gpu" / "live_daemon_report.py"
+    spec = importlib.util.spec_from_file_location("live_daemon_report", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def window(part: str, arm: str, tokens: float, cells: dict[int, tuple[int, float]],
+           table: list[list[int]], **extra: Any) -> dict[str, Any]:  # fmt: skip
+    """A raw window at B=126 (cell 121-128): k -> (steps, mean ms)."""
+    totals = {
+        (k, 121, 128): CellTotals(n, n * ms / 1e3, n * (ms / 1e3) ** 2, n * 126 * (k + 1), n * 126)
+        for k, (n, ms) in cells.items()
+    }
+    return {"part": part, "arm": arm, "tokens_per_s": tokens, "wall_s": 10.0,
+            "mean_running": 126.0, "cells": cells_to_wire(totals, 0),
+            "view": {"table": table}, **extra}  # fmt: skip
+
+
+def raw_run(daemon_k2_ms: float) -> dict[str, Any]:
+    k2, k3 = [[1, 256, 2]], [[1, 256, 3]]
+    switched = [[1, 120, 3], [121, 129, 2], [130, 256, 1]]
+    windows = [
+        window("fixed-k", "k2", 18_000, {2: (600, 16.0)}, k2),
+        window("fixed-k", "k3", 14_000, {3: (400, 24.0)}, k3),
+        window("bursts", "i32b8", 13_500, {2: (170, 18.0), 3: (590, 26.0)}, k3),
+    ]
+    for i in range(6):
+        table = START if i < 2 else switched
+        cells = {3: (380, 24.0), 2: (40, daemon_k2_ms)} if i < 2 else {2: (700, 15.0)}
+        tokens = 14_000 if i < 2 else 17_800
+        windows.append(window("daemon", "live", tokens, cells, table,
+                              since_daemon_start_s=10.0 * (i + 1)))  # fmt: skip
+    windows += [
+        window("after-daemon", "k2", 18_200, {2: (600, 16.0)}, k2),
+        window("after-daemon", "daemon", 17_900, {2: (600, 16.0)}, switched),
+        window("after-daemon", "k3", 14_100, {3: (400, 24.0)}, k3),
+    ]
+    profile = "profiles/h200-qwen3-4b-eagle3.json"
+    meta = {
+        "synthetic_rates": [0.75, 0.55, 0.40],
+        "daemon": {"profile": profile, "start_table": START},
+    }
+    return {"meta": meta, "windows": windows, "errors": [], "skipped": [],
+            "daemon_table": switched}  # fmt: skip
+
+
+def test_report_separates_learning_from_the_windows_after_the_change(report: ModuleType) -> None:
+    result = report.report(raw_run(daemon_k2_ms=15.0))
+    assert result["fixed_k"]["k2"]["mean"] == pytest.approx(18_100)
+    assert result["bursts"] == {
+        "k2_step_ms_in_bursts": pytest.approx(18.0),
+        "k2_step_ms_fixed_arms": pytest.approx(16.0),
+    }
+    daemon = result["daemon"]
+    assert daemon["table_changed_in_window_ending_s"] == 30.0
+    assert daemon["windows_after_the_change"]["tokens_per_s"] == [17_800] * 3
+    assert daemon["loss_after_the_change_vs_best_fixed_k"] == pytest.approx(1 - 17_800 / 18_100)
+
+
+def test_the_replay_moves_off_k3_only_when_the_recorded_k2_steps_are_faster(
+    report: ModuleType,
+) -> None:
+    fast = report.report(raw_run(daemon_k2_ms=15.0))["replay_at_this_commit"]
+    assert fast["load"] == 126
+    assert fast["first_switch_off_k3_after_s"] is not None
+    slow = report.report(raw_run(daemon_k2_ms=40.0))["replay_at_this_commit"]
+    assert all(d["k_at_load"] == 3 for d in slow["decisions"][:2])
