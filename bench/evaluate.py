@@ -38,19 +38,18 @@ from typing import Any
 import numpy as np
 import structlog
 
-from tabletune.admin.client import AdminRefused
+from tabletune.admin.client import AdminRefused, settings_body
 from tabletune.admin.protocol import TableView
 from tabletune.admin.state import AdminError, TableState
 from tabletune.baselines import (
     LinearStepModel,
     NightjarStylePolicy,
     Policy,
-    StepOutcome,
     TurboSpecStylePolicy,
 )
 from tabletune.daemon.alerts import AlertSink
 from tabletune.daemon.controller import Controller
-from tabletune.daemon.counters import bucketed_step_times, mean_batch_of
+from tabletune.daemon.counters import mean_batch_of
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.daemon.profiles import make_pool
@@ -67,6 +66,11 @@ from tabletune.solver import StepTimes, build_table, evaluate_table, expand, goo
 from tabletune.step_cells import CellKey, CellTotals, cell_key
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import run_per_step  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 SAMPLE_PROFILE = ROOT / "examples" / "sample-profile.json"
 
@@ -128,23 +132,6 @@ def window_goodput(engine: EngineSim, start_s: float, end_s: float) -> float:
     return tokens / (busy * 1000.0) if busy > 0 else float("nan")
 
 
-def run_per_step(policy: Policy, engine: EngineSim, until_s: float) -> None:
-    """Drive a per-step policy: it chooses k (the engine's hook), then sees that step's counts."""
-    while engine.now < until_s:
-        done = engine.step()
-        if done is None:
-            return
-        policy.observe(
-            StepOutcome(
-                batch_size=done.batch_size,
-                k=int(done.ks[0]),
-                step_ms=float(done.durations_s[0]) * 1000.0,
-                drafted=tuple(int(x) for x in done.drafted_per_pos),
-                accepted=tuple(int(x) for x in done.accepted_per_pos),
-            )
-        )
-
-
 # --------------------------------------------------------------------------- the daemon
 
 
@@ -199,7 +186,6 @@ class EngineSource:
             accepted=tuple(float(x) for x in current["accepted"] - base["accepted"]),
             mean_batch=mean_batch_of(cells),
             generated_tokens=float(current["tokens"] - base["tokens"]),
-            step_times=bucketed_step_times(cells),
             step_cells=cells,
             model_name=self.model_name,
         )
@@ -233,22 +219,8 @@ class InProcessAdmin:
         body = {"table": [list(r) for r in table], "allow_uncaptured": allow_uncaptured}
         return self._view(self.controller.put_table(body, if_match))
 
-    def put_settings(
-        self,
-        *,
-        exploration_interval: int | None = None,
-        hysteresis: int | None = None,
-        if_match: int | None = None,
-    ) -> TableView:
-        body = {
-            key: value
-            for key, value in (
-                ("exploration_interval", exploration_interval),
-                ("hysteresis", hysteresis),
-            )
-            if value is not None
-        }
-        return self._view(self.controller.put_settings(body, if_match))
+    def put_settings(self, *, if_match: int | None = None, **fields: Any) -> TableView:
+        return self._view(self.controller.put_settings(settings_body(**fields), if_match))
 
 
 class DaemonInTheLoop:
@@ -925,8 +897,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     loads = tuple(int(b) for b in args.loads.split(","))
     seeds = range(1, args.seeds + 1)
-    if args.quick:
+    if args.quick:  # a smoke run never replaces the committed result
         loads, seeds = (1, 64, 256), range(1, 2)
+        if args.out == parser.get_default("out"):
+            args.out = str(RESULTS / "raw" / "eval_emulator_quick.json")
     profile_path = Path(args.profile) if args.profile else default_profile()
     profile = load_profile(profile_path)
     step_times = step_times_of(profile)

@@ -13,6 +13,7 @@ from typing import Any
 from tabletune.admin.client import AdminRefused, settings_body
 from tabletune.admin.protocol import SettingsPut, TablePut, TableView
 from tabletune.admin.state import AdminError
+from tabletune.baselines import Policy, StepOutcome
 from tabletune.daemon.alerts import AlertSink
 from tabletune.daemon.controller import Controller
 from tabletune.daemon.direct_source import DirectSource
@@ -21,6 +22,7 @@ from tabletune.daemon.profiles import load_pools
 from tabletune.daemon.settings import DaemonSettings, load_settings
 from tabletune.errors import InputError, TemporaryError
 from tabletune.sim.build import resolve_profile
+from tabletune.sim.engine import EngineSim
 from tabletune.sim.replica import Replica, SimClock, Unavailable
 from tabletune.sim.scenario import load_scenario
 
@@ -136,3 +138,20 @@ class Rig:
 
     def truth(self) -> dict[str, Any]:
         return next(iter(self.replicas.values())).truth(last=0)
+
+
+def run_per_step(policy: Policy, engine: EngineSim, until_s: float) -> None:
+    """Drive a per-step policy: it chooses k (the engine's hook), then sees that step's counts."""
+    while engine.now < until_s:
+        done = engine.step()
+        if done is None:
+            return
+        policy.observe(
+            StepOutcome(
+                batch_size=done.batch_size,
+                k=int(done.ks[0]),
+                step_ms=float(done.durations_s[0]) * 1000.0,
+                drafted=tuple(int(x) for x in done.drafted_per_pos),
+                accepted=tuple(int(x) for x in done.accepted_per_pos),
+            )
+        )

@@ -40,8 +40,8 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 from bench.common import environment, write_result  # noqa: E402
 from bench.daemon_bench import bench_scale  # noqa: E402
-from bench.harness import ReplicaAdmin, Rig  # noqa: E402
-from tabletune.baselines import NightjarStylePolicy, StepOutcome  # noqa: E402
+from bench.harness import ReplicaAdmin, Rig, run_per_step  # noqa: E402
+from tabletune.baselines import NightjarStylePolicy  # noqa: E402
 from tabletune.sim.build import build_engine, resolve_profile  # noqa: E402
 from tabletune.sim.engine import EngineSim  # noqa: E402
 from tabletune.sim.scenario import ConstantLoad, load_scenario  # noqa: E402
@@ -150,19 +150,7 @@ def nightjar_at(load: int, seed: int) -> dict[str, Any]:
     policy = NightjarStylePolicy(sorted(scenario_ks(scenario)), exploration=NIGHTJAR_C)
     engine = build_engine(scenario, profile, base_dir=base_dir, seed=seed, choose_k=policy.choose_k)
     score = ExpectedScore(engine)
-    while engine.now < HORIZON_S:
-        done = engine.step()
-        if done is None:
-            break
-        policy.observe(
-            StepOutcome(
-                batch_size=done.batch_size,
-                k=int(done.ks[0]),
-                step_ms=float(done.durations_s[0]) * 1000.0,
-                drafted=tuple(int(x) for x in done.drafted_per_pos),
-                accepted=tuple(int(x) for x in done.accepted_per_pos),
-            )
-        )
+    run_per_step(policy, engine, HORIZON_S)
     return {"measured_loss": score.loss(engine.now - WINDOW_S, engine.now)}
 
 
