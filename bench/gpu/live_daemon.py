@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,49 +41,22 @@ from live_step_time import (  # this script's folder is first on sys.path
     ClosedLoop,
     Lengths,
     Row,
-    Server,
     abba,
     wait_ready,
 )
+from live_step_time import Run as StepTimeRun
 
 FIXED_LENGTHS = Lengths(prompt=(64, 64), output=(512, 512))
 TIMING_ON = {"step_timing": True, "exploration_interval": 0, "hysteresis": 0,
              "neighbour_interval": 0}  # fmt: skip
 
 
-class Run:
-    def __init__(self, args: argparse.Namespace, result: Row) -> None:
-        self.args = args
-        self.result = result
-        self.server = Server(args.base)
-        self.deadline = time.monotonic() + args.budget_s
-
-    def left_s(self) -> float:
-        return self.deadline - time.monotonic()
+class Run(StepTimeRun):
+    """The step-time job's parts and windows; this job writes its rows without a summary (its
+    report, live_daemon_report.py, reads them after the run)."""
 
     def save(self) -> None:
         Path(self.args.out).write_text(json.dumps(self.result, indent=1) + "\n")
-
-    async def part(self, name: str, needs_s: float, body: Callable[[], Awaitable[None]]) -> None:
-        if self.left_s() < needs_s:
-            self.result["skipped"].append({"part": name, "needed_s": needs_s,
-                                           "left_s": round(self.left_s(), 1)})  # fmt: skip
-            return
-        started = time.monotonic()
-        print(f"== {name} ({self.left_s():.0f} s left)", flush=True)
-        try:
-            await body()
-        except Exception as error:  # recorded; the next part still runs
-            self.result["errors"].append({"part": name, "error": repr(error)[:500]})
-            print(f"!! {name}: {error!r}", flush=True)
-        self.result["durations_s"][name] = round(time.monotonic() - started, 1)
-        self.save()
-
-    async def window(self, part: str, arm: str, index: int, seconds: float) -> Row:
-        row = await self.server.window({"part": part, "arm": arm, "index": index}, seconds)
-        self.result["windows"].append(row)
-        print(json.dumps({k: row[k] for k in ("part", "arm", "tokens_per_s")}), flush=True)
-        return row
 
     async def put_table(self, table: list[list[int]]) -> None:
         await self.server.put(TABLE_PATH, {"table": table})

@@ -39,6 +39,7 @@ from live_step_time_report import summarize  # this script's folder is first on 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tabletune import metric_names as names
+from tabletune.profiler.step_reading import CELL_SAMPLES, WITHOUT_DECODE
 from tabletune.step_cells import CellKey, CellTotals, cells_to_wire, parse_cell_label
 
 TABLE_PATH = "/tabletune/v1/table"
@@ -57,14 +58,6 @@ VLLM_COUNTERS = (
     "vllm:num_preemptions_total",
     "vllm:request_success_total",
 )
-CELL_FIELDS = (  # CellTotals field order
-    f"{names.TT_STEPS}_total",
-    f"{names.TT_STEP_SECONDS}_total",
-    f"{names.TT_STEP_SECONDS_SQUARED}_total",
-    f"{names.TT_STEP_TOKENS}_total",
-    f"{names.TT_STEP_REQUESTS}_total",
-)
-WITHOUT_DECODE = f"{names.TT_STEPS_WITHOUT_DECODE}_total"
 RUNNING = names.VLLM_NUM_REQUESTS_RUNNING
 WAITING = "vllm:num_requests_waiting"
 STATIC = {"exploration_interval": 0, "hysteresis": 0, "neighbour_interval": 0}
@@ -94,10 +87,10 @@ def cells_from_samples(samples: Samples) -> tuple[dict[CellKey, CellTotals], flo
     """The plugin's exported step cells (totals) and steps without decode."""
     sums: dict[CellKey, list[float]] = {}
     for (name, labels), value in samples.items():
-        if name in CELL_FIELDS:
+        if name in CELL_SAMPLES:
             label = dict(labels)
             key = (int(label[names.LABEL_K]), *parse_cell_label(label[names.LABEL_BATCH]))
-            sums.setdefault(key, [0.0] * 5)[CELL_FIELDS.index(name)] += value
+            sums.setdefault(key, [0.0] * 5)[CELL_SAMPLES.index(name)] += value
     return {key: CellTotals(*row) for key, row in sums.items()}, total(samples, WITHOUT_DECODE)
 
 
@@ -315,9 +308,13 @@ class Run:
         for index, arm in enumerate(arms):
             await apply(arm)
             await asyncio.sleep(self.args.settle_s)  # past the switch and one sync round
-            row = await self.server.window({"part": part, "arm": arm, "index": index}, seconds)
-            self.result["windows"].append(row)
-            print(json.dumps({k: row[k] for k in ("part", "arm", "tokens_per_s")}), flush=True)
+            await self.window(part, arm, index, seconds)
+
+    async def window(self, part: str, arm: str, index: int, seconds: float) -> Row:
+        row = await self.server.window({"part": part, "arm": arm, "index": index}, seconds)
+        self.result["windows"].append(row)
+        print(json.dumps({k: row[k] for k in ("part", "arm", "tokens_per_s")}), flush=True)
+        return row
 
     async def put_fixed_k(self, k: int) -> None:
         await self.server.put(TABLE_PATH, {"table": [[1, self.args.max_num_seqs, k]]})
