@@ -77,6 +77,7 @@ class ModelEngine:
     load: int = 16
     step_scale: float = 1.0  # live step time / profile (profile drift)
     k_scale: dict[int, float] = field(default_factory=dict)  # serving slows this k only
+    prefill_tokens_per_step: float = 0.0  # prompt tokens riding along each decode step
     totals: dict[str, float] = field(default_factory=dict)
     drafted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
     accepted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
@@ -115,7 +116,8 @@ class ModelEngine:
             1.0 + sum(self.rates[:k])
         )
         step_s = step_ms / 1000.0
-        ran = CellTotals(steps, steps * step_s, steps * step_s**2, requests * (k + 1), requests)
+        tokens = requests * (k + 1) + steps * self.prefill_tokens_per_step
+        ran = CellTotals(steps, steps * step_s, steps * step_s**2, tokens, requests)
         key = cell_key(k, self.load)
         self.cells[key] = self.cells.get(key, CellTotals()) + ran
 

@@ -320,6 +320,24 @@ def test_profile_drift_is_alerted() -> None:
     assert all(r == pytest.approx(1.6, rel=1e-9) for r in ratios.values())
 
 
+def test_live_traffic_unlike_the_profiles_shape_is_warned() -> None:
+    # The profile (no recorded shape: pure decode) against steps carrying 200 prompt tokens
+    # each: the profile's step times read low for this traffic, even before they drift.
+    rig = Rig(settings_with())
+    rig.engines["r1"].prefill_tokens_per_step = 200.0
+    rig.cycles(3)
+    assert names.PROFILE_SHAPE in rig.alert_names()
+    alert = next(a for a in rig.alerts.active.values() if a.name == names.PROFILE_SHAPE)
+    assert "200 prefill tokens per step" in alert.description
+
+
+def test_pure_decode_matches_a_pure_decode_profile() -> None:
+    rig = Rig(settings_with())
+    rig.engines["r1"].prefill_tokens_per_step = 4.0  # a short prompt now and then
+    rig.cycles(3)
+    assert names.PROFILE_SHAPE not in rig.alert_names()
+
+
 def test_pool_scope_estimates_once_for_all_replicas() -> None:
     rig = Rig(settings_with(ESTIMATOR__SCOPE="pool"), replicas=("r1", "r2"))
     rig.cycles(3)

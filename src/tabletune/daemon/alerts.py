@@ -23,6 +23,7 @@ log = structlog.get_logger("tabletune.daemon.alerts")
 TABLE_SHIFTED = "TableTuneTableShifted"
 ACCEPTANCE_DRIFT = "TableTuneAcceptanceDrift"
 PROFILE_DRIFT = "TableTuneProfileDrift"
+PROFILE_SHAPE = "TableTuneProfileShape"
 STALE_DATA = "TableTuneStaleData"
 ROLLBACK = "TableTuneRollback"
 PUSH_FAILED = "TableTunePushFailed"
@@ -32,6 +33,7 @@ SEVERITY = {
     TABLE_SHIFTED: "info",
     ACCEPTANCE_DRIFT: "warning",
     PROFILE_DRIFT: "warning",
+    PROFILE_SHAPE: "warning",
     STALE_DATA: "warning",
     ROLLBACK: "critical",
     PUSH_FAILED: "critical",

@@ -13,6 +13,7 @@ from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.profiles import PoolProfile
 from tabletune.daemon.runtime import ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
+from tabletune.schemas.shape import profile_shape_mismatch
 from tabletune.step_cells import StepCells, cell_label
 
 
@@ -51,6 +52,39 @@ class Checks:
             )
 
     def step_time(self, rt: ReplicaRuntime, cells: StepCells, now: float) -> None:
+        self._step_drift(rt, cells, now)
+        self._traffic_shape(rt, cells, now)
+
+    def _traffic_shape(self, rt: ReplicaRuntime, cells: StepCells, now: float) -> None:
+        """Warn when live steps carry more (or less) prefill than the profile was timed with:
+        its step times then misstate serving steps before any drift is measured."""
+        shape = rt.pool.profile.metadata.timing_shape
+        problems: list[str] = []
+        busiest = sorted(cells.items(), key=lambda item: -item[1].steps)
+        for (k, _, _), totals in busiest:
+            if totals.steps < self.settings.drift.min_steps or totals.requests <= 0:
+                continue
+            for problem in profile_shape_mismatch(
+                shape,
+                k=k,
+                live_batch=totals.requests / totals.steps,
+                live_tokens_per_step=totals.tokens / totals.steps,
+            ):
+                if problem not in problems:
+                    problems.append(problem)
+        if problems:
+            self.alerts.condition(
+                Alert(
+                    names.PROFILE_SHAPE,
+                    f"{rt.replica} serves traffic unlike the profile's timing shape",
+                    "; ".join(problems[:3]),
+                    replica=rt.replica,
+                    pool=rt.pool.name,
+                ),
+                now,
+            )
+
+    def _step_drift(self, rt: ReplicaRuntime, cells: StepCells, now: float) -> None:
         drifts = step_drifts(rt.step_time.layout, cells, min_steps=self.settings.drift.min_steps)
         self.metrics.set_step_time_ratios(rt.replica, [(d.k, d.cell, d.ratio) for d in drifts])
         if not drifts or abs(drifts[0].ratio - 1.0) <= self.settings.drift.profile_threshold:
