@@ -33,8 +33,11 @@ def environment(device: str | None = None, engine_version: str | None = None) ->
     }
 
 
-def write_result(name: str, payload: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_result(name: str, payload: dict[str, Any], *, smoke: bool = False) -> Path:
+    """bench/results/NAME.json; a smoke run (--quick) goes to the ignored raw/ folder instead,
+    never over the committed result."""
+    folder = RESULTS / "raw" if smoke else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (f"{name}_quick.json" if smoke else f"{name}.json")
     path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return path

@@ -390,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scale": scale,
         "wall_s": time.perf_counter() - started,
     }
-    path = write_result("daemon_bench", payload)
+    path = write_result("daemon_bench", payload, smoke=args.quick)
     print(
         json.dumps(
             {

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import structlog
 
-from tabletune.admin.client import AdminRefused, settings_body
-from tabletune.admin.protocol import TableView
+from tabletune.admin.client import AdminRefused, AdminRequest, InProcessAdmin
+from tabletune.admin.protocol import SettingsPut, TablePut, TableView
 from tabletune.admin.state import AdminError, TableState
 from tabletune.baselines import (
     LinearStepModel,
@@ -192,35 +192,25 @@ class EngineSource:
         return SourceResult(observations={"emulated": observation})
 
 
-class InProcessAdmin:
+class EngineSideAdmin(InProcessAdmin):
     """The daemon's admin client over the plugin's engine side (EngineTableController), which
     installs each accepted table into the emulator's scheduler exactly as into vLLM's."""
 
     def __init__(self, controller: EngineTableController) -> None:
         self.controller = controller
 
-    @staticmethod
-    def _view(envelope: dict[str, Any]) -> TableView:
+    def answer(self, request: AdminRequest, if_match: int | None) -> TableView:
+        if isinstance(request, TablePut):
+            envelope = self.controller.put_table(request.model_dump(mode="json"), if_match)
+        elif isinstance(request, SettingsPut):
+            body = request.model_dump(mode="json", exclude_unset=True)
+            envelope = self.controller.put_settings(body, if_match)
+        else:
+            envelope = self.controller.get()
         try:
             return view_from_envelope(envelope)
         except AdminError as error:
             raise AdminRefused(error.status, error.detail) from None
-
-    def get_table(self) -> TableView:
-        return self._view(self.controller.get())
-
-    def put_table(
-        self,
-        table: Sequence[Sequence[int]],
-        *,
-        if_match: int | None = None,
-        allow_uncaptured: bool = False,
-    ) -> TableView:
-        body = {"table": [list(r) for r in table], "allow_uncaptured": allow_uncaptured}
-        return self._view(self.controller.put_table(body, if_match))
-
-    def put_settings(self, *, if_match: int | None = None, **fields: Any) -> TableView:
-        return self._view(self.controller.put_settings(settings_body(**fields), if_match))
 
 
 class DaemonInTheLoop:
@@ -245,7 +235,7 @@ class DaemonInTheLoop:
         )
         engine.install(list(state.lookup))
         self.plugin = EngineTableController(state, engine.install, engine_version="0.26.0")
-        admin = InProcessAdmin(self.plugin)
+        admin = EngineSideAdmin(self.plugin)
         self.controller = Controller(
             settings=settings,
             source=EngineSource(engine, model_name=profile.metadata.model),

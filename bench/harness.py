@@ -6,11 +6,10 @@ through the emulated plugin's admin backend (the same state transitions as over 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tabletune.admin.client import AdminRefused, settings_body
+from tabletune.admin.client import AdminRefused, AdminRequest, InProcessAdmin
 from tabletune.admin.protocol import SettingsPut, TablePut, TableView
 from tabletune.admin.state import AdminError
 from tabletune.baselines import Policy, StepOutcome
@@ -51,14 +50,21 @@ def daemon_settings(profile: Path, state_dir: Path, **env: str) -> DaemonSetting
     )
 
 
-class ReplicaAdmin:
+class ReplicaAdmin(InProcessAdmin):
     """The daemon's admin client, calling the emulated plugin's HTTP side in process."""
 
     def __init__(self, replica: Replica, loop: asyncio.AbstractEventLoop) -> None:
         self.replica = replica
         self.loop = loop
 
-    def _run(self, coroutine: Any) -> TableView:
+    def answer(self, request: AdminRequest, if_match: int | None) -> TableView:
+        admin = self.replica.admin
+        if isinstance(request, TablePut):
+            coroutine = admin.put_table(request, if_match)
+        elif isinstance(request, SettingsPut):
+            coroutine = admin.put_settings(request, if_match)
+        else:
+            coroutine = admin.get_view()
         try:
             view: TableView = self.loop.run_until_complete(coroutine)
         except AdminError as error:
@@ -66,23 +72,6 @@ class ReplicaAdmin:
                 raise TemporaryError(f"HTTP {error.status}: {error.detail}") from None
             raise AdminRefused(error.status, error.detail) from None
         return view
-
-    def get_table(self) -> TableView:
-        return self._run(self.replica.admin.get_view())
-
-    def put_table(
-        self,
-        table: Sequence[Sequence[int]],
-        *,
-        if_match: int | None = None,
-        allow_uncaptured: bool = False,
-    ) -> TableView:
-        body = TablePut(table=[list(r) for r in table], allow_uncaptured=allow_uncaptured)
-        return self._run(self.replica.admin.put_table(body, if_match))
-
-    def put_settings(self, *, if_match: int | None = None, **fields: Any) -> TableView:
-        body = SettingsPut.model_validate(settings_body(**fields))
-        return self._run(self.replica.admin.put_settings(body, if_match))
 
 
 class Rig:

@@ -294,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scale": scale,
         "wall_s": time.perf_counter() - started,
     }
-    path = write_result("live_step_time_sim", payload)
+    path = write_result("live_step_time_sim", payload, smoke=args.quick)
     print(json.dumps(goals, indent=1))
     print(f"wrote {path}")
     return 0

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from tabletune.admin.client import StateAdminClient
-from tabletune.admin.protocol import TableView
+from tabletune.admin.client import AdminRequest, StateAdminClient
+from tabletune.admin.protocol import SettingsPut, TablePut, TableView
 from tabletune.admin.state import TableState
 from tabletune.daemon.counters import mean_batch_of
 from tabletune.daemon.observation import Observation, SourceResult
@@ -157,23 +156,12 @@ class FakeAdmin(StateAdminClient):
             self.fail_next -= 1
             raise TemporaryError(f"{what}: HTTP 503: engine busy")
 
-    def get_table(self) -> TableView:
-        self._maybe_fail("GET")
-        return super().get_table()
-
-    def put_table(
-        self,
-        table: Sequence[Sequence[int]],
-        *,
-        if_match: int | None = None,
-        allow_uncaptured: bool = False,
-    ) -> TableView:
-        self._maybe_fail("PUT table")
-        return super().put_table(table, if_match=if_match, allow_uncaptured=allow_uncaptured)
-
-    def put_settings(self, *, if_match: int | None = None, **fields: Any) -> TableView:
-        self._maybe_fail("PUT settings")
-        return super().put_settings(if_match=if_match, **fields)
+    def answer(self, request: AdminRequest, if_match: int | None) -> TableView:
+        if isinstance(request, TablePut):
+            self._maybe_fail("PUT table")
+        else:
+            self._maybe_fail("PUT settings" if isinstance(request, SettingsPut) else "GET")
+        return super().answer(request, if_match)
 
 
 class ModelSource:

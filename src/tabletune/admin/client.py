@@ -7,14 +7,26 @@ at its I/O edge.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
 from tabletune import __version__
-from tabletune.admin.protocol import SETTINGS_PATH, TABLE_PATH, SettingsPut, TablePut, TableView
+from tabletune.admin.protocol import (
+    SETTINGS_PATH,
+    TABLE_PATH,
+    SettingsPut,
+    TablePut,
+    TableView,
+    describe_problems,
+)
 from tabletune.admin.state import AdminError, TableState
 from tabletune.errors import PermanentError, TemporaryError
+
+Body = TypeVar("Body", bound=BaseModel)
 
 
 class AdminRefused(PermanentError):
@@ -114,33 +126,17 @@ class AdminClient:
         return self._call("PUT", SETTINGS_PATH, json=body, headers=headers)
 
 
-class StateAdminClient:
-    """``AdminClient``'s interface over a ``TableState`` held in this process: the real state
-    transitions without HTTP, for benchmarks and tests that drive the daemon in process."""
+AdminRequest = TablePut | SettingsPut | None
+"""A request to an in-process admin side: a table PUT, a settings PUT, or None for GET."""
 
-    def __init__(
-        self, state: TableState, *, engine_version: str = "0.26.0", model_name: str | None = None
-    ) -> None:
-        self.state = state
-        self.engine_version = engine_version
-        self.model_name = model_name
 
-    def _view(self) -> TableView:
-        return self.state.view(
-            plugin_version=__version__,
-            engine_version=self.engine_version,
-            model_name=self.model_name,
-        )
-
-    def _apply(self, change: Callable[[TableState], TableState]) -> TableView:
-        try:
-            self.state = change(self.state)
-        except AdminError as error:
-            raise AdminRefused(error.status, error.detail) from None
-        return self._view()
+class InProcessAdmin(ABC):
+    """``AdminClient``'s interface over an admin side in this process (no HTTP). The bodies are
+    built and validated here, once, as the plugin validates them (a bad one is a 422
+    ``AdminRefused``); a subclass only answers them (``answer``)."""
 
     def get_table(self) -> TableView:
-        return self._view()
+        return self.answer(None, None)
 
     def put_table(
         self,
@@ -149,26 +145,48 @@ class StateAdminClient:
         if_match: int | None = None,
         allow_uncaptured: bool = False,
     ) -> TableView:
-        body = TablePut(table=[list(r) for r in table], allow_uncaptured=allow_uncaptured)
-        return self._apply(lambda state: state.with_table(body, if_match=if_match))
+        rows = [list(r) for r in table]
+        body = _validated(TablePut, {"table": rows, "allow_uncaptured": allow_uncaptured})
+        return self.answer(body, if_match)
 
     def put_settings(
-        self,
-        *,
-        exploration_interval: int | None = None,
-        hysteresis: int | None = None,
-        neighbour_interval: int | None = None,
-        neighbour_burst: int | None = None,
-        neighbour_ks: list[int] | None = None,
-        if_match: int | None = None,
+        self, *, if_match: int | None = None, **fields: int | list[int] | None
     ) -> TableView:
-        body = SettingsPut.model_validate(
-            settings_body(
-                exploration_interval=exploration_interval,
-                hysteresis=hysteresis,
-                neighbour_interval=neighbour_interval,
-                neighbour_burst=neighbour_burst,
-                neighbour_ks=neighbour_ks,
-            )
+        return self.answer(_validated(SettingsPut, settings_body(**fields)), if_match)
+
+    @abstractmethod
+    def answer(self, request: AdminRequest, if_match: int | None) -> TableView:
+        """The view after ``request``; AdminRefused (4xx) or TemporaryError (5xx) otherwise."""
+
+
+def _validated(model: type[Body], body: Mapping[str, object]) -> Body:
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        raise AdminRefused(422, describe_problems(error)) from None
+
+
+class StateAdminClient(InProcessAdmin):
+    """An in-process admin side over a ``TableState``: the real state transitions, for
+    benchmarks and tests that drive the daemon in process."""
+
+    def __init__(
+        self, state: TableState, *, engine_version: str = "0.26.0", model_name: str | None = None
+    ) -> None:
+        self.state = state
+        self.engine_version = engine_version
+        self.model_name = model_name
+
+    def answer(self, request: AdminRequest, if_match: int | None) -> TableView:
+        try:
+            if isinstance(request, TablePut):
+                self.state = self.state.with_table(request, if_match=if_match)
+            elif isinstance(request, SettingsPut):
+                self.state = self.state.with_settings(request, if_match=if_match)
+        except AdminError as error:
+            raise AdminRefused(error.status, error.detail) from None
+        return self.state.view(
+            plugin_version=__version__,
+            engine_version=self.engine_version,
+            model_name=self.model_name,
         )
-        return self._apply(lambda state: state.with_settings(body, if_match=if_match))
