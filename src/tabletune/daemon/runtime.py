@@ -45,4 +45,5 @@ class CycleReport:
     pushed: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)  # no data for forget_after_s
     abandoned: bool = False
