@@ -61,8 +61,10 @@ class Daemon:
             self.controller.last_cycle_end = time.time()
             return None
         self.metrics.cycles.labels("ok").inc()
+        ended = self.controller.last_cycle_end or report.started
         log.info(
             "cycle done",
+            seconds=round(ended - report.started, 3),
             observed=len(report.observed),
             problems=report.problems,
             outage=report.outage,
