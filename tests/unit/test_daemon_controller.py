@@ -539,3 +539,22 @@ def test_stopping_abandons_what_the_cycle_waits_for() -> None:
         assert not rig.alerts.active  # abandoning is not the replica's failure
     finally:
         hung.release.set()
+
+
+def test_admin_calls_never_sent_in_time_are_no_replica_s_failure() -> None:
+    # One worker, held by r1's hung admin API: r2's and r3's calls wait in line past the
+    # budget. The daemon was behind, they did nothing wrong: no alert, decided next cycle.
+    rig = Rig(
+        settings_with(LOOP__INTERVAL_S="2", LOOP__CONCURRENCY="1"), replicas=("r1", "r2", "r3")
+    )
+    hung = rig.admins["r1"] = HungAdmin(rig.engines["r1"])
+    try:
+        reports = rig.cycles(2)
+        assert reports[1].failed == ["r1"]  # type: ignore[attr-defined]
+        assert sorted(reports[1].deferred) == ["r2", "r3"]  # type: ignore[attr-defined]
+        assert set(rig.alerts.active) == {(names.PUSH_FAILED, "r1", "m|d|test-gpu")}
+    finally:
+        hung.release.set()
+    poll_until(lambda: not rig.controller.io.busy("admin", "r1"), timeout_s=10, what="r1 free")
+    rig.cycles(1)
+    assert all(e.state.ranges == rig.oracle(PRIOR) for e in rig.engines.values())

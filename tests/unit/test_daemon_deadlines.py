@@ -17,16 +17,15 @@ seconds = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
 def test_the_budget_is_a_share_of_the_interval() -> None:
     budget = CycleBudget.of(100.0, interval_s=15.0, share=0.8)
     assert budget.deadline == pytest.approx(112.0)
-    assert budget.scrape_deadline(5.0) == pytest.approx(105.0)  # the scrape timeout first
-    assert budget.scrape_deadline(30.0) == pytest.approx(106.0)  # half: admin calls need time
+    assert budget.scrape_deadline() == pytest.approx(106.0)  # half: admin calls need time
 
 
-@given(start=seconds, interval=st.floats(0.1, 600), share=st.floats(0.01, 1.0), timeout=seconds)
+@given(start=seconds, interval=st.floats(0.1, 600), share=st.floats(0.01, 1.0))
 def test_a_cycle_always_ends_before_the_next_is_due(
-    start: float, interval: float, share: float, timeout: float
+    start: float, interval: float, share: float
 ) -> None:
     budget = CycleBudget.of(start, interval_s=interval, share=share)
-    scrapes_end = budget.scrape_deadline(timeout)
+    scrapes_end = budget.scrape_deadline()
     assert start <= scrapes_end <= budget.deadline <= start + interval + 1e-9
     assert budget.deadline - scrapes_end >= (budget.deadline - start) / 2 - 1e-9
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tabletune.daemon.replica_io import ReplicaIo
+from tabletune.daemon.replica_io import ReplicaIo, Unanswered
 from tabletune.errors import InputError, TemporaryError
 from tests.support.servers import poll_until
 
@@ -43,7 +43,7 @@ def test_answers_are_handled_on_the_waiting_thread() -> None:
             done=lambda value, name=name: seen.append((name, value, threading.get_ident())),  # type: ignore[misc]
             failed=lambda error: None,
         )
-    assert answers.wait() == []
+    assert not answers.wait()
     assert sorted(seen) == [(n, n.upper(), threading.get_ident()) for n in ("a", "b", "c")]
 
 
@@ -56,7 +56,7 @@ def test_errors_go_to_failed_and_bugs_fail_the_wait() -> None:
 
     answers = io.round("scrape", deadline=float("inf"))
     answers.submit("a", refused, done=lambda _: None, failed=lambda e: errors.append(str(e)))
-    assert answers.wait() == [] and errors == ["garbled /metrics"]
+    assert not answers.wait() and errors == ["garbled /metrics"]
 
     def bug() -> None:
         raise ZeroDivisionError("a bug")
@@ -74,21 +74,21 @@ def test_a_hung_replica_is_late_and_never_piled_up(hung: threading.Event) -> Non
     answers = io.round("admin", deadline=ticks.now + 20)
     answers.submit("hung", hung.wait, done=lambda _: done.append("hung"), failed=print)
     answers.submit("ok", lambda: "view", done=lambda _: done.append("ok"), failed=print)
-    assert answers.wait() == ["hung"]
+    assert answers.wait() == Unanswered(late=["hung"], not_sent=[])
     assert done == ["ok"]
     # Its request still runs: nothing more goes to it until it ends; the others go on.
     again = io.round("admin", deadline=ticks.now + 20)
     assert not again.submit("hung", lambda: "x", done=print, failed=print)
     assert io.busy("admin", "hung") and not io.busy("scrape", "hung")  # per kind
     assert again.submit("ok", lambda: "view", done=lambda _: done.append("ok"), failed=print)
-    assert again.wait() == []
+    assert not again.wait()
     hung.set()
     poll_until(lambda: not io.busy("admin", "hung"), timeout_s=10, what="the request ended")
     # The late answer is dropped (its round is over); the replica can be asked again.
     assert done == ["ok", "ok"]
     last = io.round("admin", deadline=ticks.now + 20)
     assert last.submit("hung", lambda: "view", done=lambda _: done.append("hung"), failed=print)
-    assert last.wait() == [] and done[-1] == "hung"
+    assert not last.wait() and done[-1] == "hung"
 
 
 def test_stop_ends_the_wait_with_the_unanswered(hung: threading.Event) -> None:
@@ -97,7 +97,7 @@ def test_stop_ends_the_wait_with_the_unanswered(hung: threading.Event) -> None:
     answers = io.round("admin", deadline=float("inf"), stopped=stop.is_set)
     answers.submit("hung", hung.wait, done=print, failed=print)
     threading.Timer(0.2, stop.set).start()
-    assert answers.wait() == ["hung"]
+    assert answers.wait().late == ["hung"]
 
 
 def test_answers_that_came_are_handled_after_the_deadline() -> None:
@@ -107,7 +107,7 @@ def test_answers_that_came_are_handled_after_the_deadline() -> None:
     answers = io.round("admin", deadline=0.0)  # already past
     answers.submit("a", lambda: "view", done=got.append, failed=print)
     poll_until(lambda: not io.busy("admin", "a"), timeout_s=10, what="the answer")
-    assert answers.wait() == [] and got == ["view"]
+    assert not answers.wait() and got == ["view"]
 
 
 def test_workers_are_bounded_and_end_when_idle(hung: threading.Event) -> None:
@@ -117,13 +117,13 @@ def test_workers_are_bounded_and_end_when_idle(hung: threading.Event) -> None:
         answers.submit(name, hung.wait, done=print, failed=print)
     assert io.threads == 2  # the other three wait for a worker
     hung.set()
-    assert answers.wait() == []
+    assert not answers.wait()
     poll_until(lambda: io.threads == 0, timeout_s=10, what="idle workers to end")
     # and new work starts a worker again
     answers = io.round("admin", deadline=float("inf"))
     out: list[int] = []
     answers.submit("a", lambda: 1, done=out.append, failed=print)
-    assert answers.wait() == [] and out == [1]
+    assert not answers.wait() and out == [1]
 
 
 def test_temporary_errors_are_failures_of_that_replica_only() -> None:
@@ -137,5 +137,25 @@ def test_temporary_errors_are_failures_of_that_replica_only() -> None:
     answers = io.round("admin", deadline=float("inf"))
     answers.submit("down", down, done=done.append, failed=lambda e: failed.update(down=str(e)))
     answers.submit("up", lambda: "up", done=done.append, failed=print)
-    assert answers.wait() == []
+    assert not answers.wait()
     assert failed == {"down": "HTTP 503"} and done == ["up"]
+
+
+def test_requests_never_sent_in_time_are_dropped_not_late(hung: threading.Event) -> None:
+    # One worker, held by a hung replica: the others wait in line until the deadline. They
+    # were never sent (the daemon was behind): not their fault, and never sent afterwards.
+    ticks = Ticks()
+    io = ReplicaIo(workers=1, monotonic=ticks)
+    ran: list[str] = []
+    answers = io.round("scrape", deadline=ticks.now + 10)
+    answers.submit("hung", hung.wait, done=print, failed=print)
+    for name in ("b", "c"):
+        answers.submit(name, lambda name=name: ran.append(name), done=print, failed=print)  # type: ignore[misc]
+    assert answers.wait() == Unanswered(late=["hung"], not_sent=["b", "c"])
+    hung.set()
+    poll_until(
+        lambda: not any(io.busy("scrape", k) for k in ("hung", "b", "c")),
+        timeout_s=10,
+        what="the line drained",
+    )
+    assert ran == []

@@ -22,7 +22,7 @@ DEFAULTS = {
     "loop": {
         "interval_s": 15.0,
         "cycle_budget": 0.8,
-        "concurrency": 32,
+        "concurrency": 16,
         "forget_after_s": 600.0,
     },
     "source": {

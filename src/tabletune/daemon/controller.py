@@ -463,16 +463,22 @@ class Controller:
             self.outcomes.push_failed(rt, why, now, report)
 
     def _await_admin(self, admin: Round, now: float, report: CycleReport) -> None:
-        """Handle the admin answers as they come, until the cycle's deadline; a replica still
-        unanswered then failed this cycle (decided again next cycle)."""
-        late = admin.wait()
+        """Handle the admin answers as they come, until the cycle's deadline. A replica still
+        unanswered then failed this cycle; one whose call was never sent (the daemon was
+        behind) is simply decided again next cycle."""
+        left = admin.wait()
         if self.stopping:
-            report.abandoned = report.abandoned or bool(late)
+            report.abandoned = report.abandoned or bool(left)
             return
-        for replica in late:
+        for replica in left.late:
             budget = self.settings.loop.cycle_budget * self.settings.loop.interval_s
             why = f"no answer within the cycle's budget ({budget:.3g} s)"
             self.outcomes.push_failed(self.replicas[replica], why, now, report)
+        for replica in left.not_sent:
+            self.replicas[replica].needs_decision = True
+            report.deferred.append(replica)
+        if left.not_sent:
+            log.warning("admin calls left for the next cycle", replicas=len(left.not_sent))
 
     def _forget(self, replica: str, now: float, report: CycleReport) -> None:
         """The replica had no data for forget_after_s: its alerts resolve, its series, runtime

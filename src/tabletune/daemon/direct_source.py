@@ -2,8 +2,10 @@
 
 The first scrape of a replica only sets its baseline; later scrapes report increases since the
 previous one (see ``scrape.observe_delta``). Replicas are scraped side by side
-(``daemon.replica_io``) and each must answer within ``SOURCE__TIMEOUT_S`` (and the cycle's
-budget): a late, failed or garbled answer is that replica's problem, never the others'.
+(``daemon.replica_io``), each request within ``SOURCE__TIMEOUT_S``, all within the first half
+of the cycle's budget: a late, failed or garbled answer is that replica's problem, never the
+others'. Scrapes the daemon had no time to send (it is behind) are not a replica's problem:
+those replicas are left out of this cycle and scraped first in the next.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import httpx
+import structlog
 
 from tabletune.daemon.deadlines import CycleBudget
 from tabletune.daemon.observation import Observation, SourceResult
@@ -21,7 +24,8 @@ from tabletune.daemon.scrape import SampleHeads, Snapshot, observe_delta, parse_
 from tabletune.daemon.settings import SourceSettings, mask_credentials
 from tabletune.errors import InputError, TableTuneError
 
-DEFAULT_WORKERS = 32
+DEFAULT_WORKERS = 16
+log = structlog.get_logger("tabletune.daemon")
 
 
 class DirectSource:
@@ -42,7 +46,6 @@ class DirectSource:
         cycle's budget, which a scrape's deadline never passes."""
         self._replicas = tuple(url.rstrip("/") for url in (replicas or settings.replicas))
         self._stale_after_s = settings.stale_after_s
-        self._timeout_s = settings.timeout_s
         self._budget_s = budget_s
         self._io = io or ReplicaIo(workers=DEFAULT_WORKERS)
         limits = httpx.Limits(
@@ -52,6 +55,7 @@ class DirectSource:
         self._last: dict[str, tuple[float, Snapshot]] = {}
         self._fetch = fetch or self._http_text
         self._heads = SampleHeads()
+        self._first = 0  # where the next round of scrapes starts (those left out go first)
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -86,7 +90,7 @@ class DirectSource:
         budget = CycleBudget(started=started, deadline=started + self._budget_s)
         scrapes = self._io.round(
             "scrape",
-            deadline=budget.scrape_deadline(self._timeout_s),
+            deadline=budget.scrape_deadline(),
             stopped=(lambda: not on_replica()) if on_replica is not None else lambda: False,
         )
         answered: dict[str, tuple[float, Snapshot]] = {}
@@ -104,7 +108,8 @@ class DirectSource:
 
             return note
 
-        for replica in self._replicas:
+        order = self._replicas[self._first :] + self._replicas[: self._first]
+        for replica in order:
             if not scrapes.submit(
                 replica,
                 partial(self._scrape, replica),
@@ -114,12 +119,20 @@ class DirectSource:
                 problems[replica] = mask_credentials(
                     f"{replica}/metrics: the previous scrape has not ended"
                 )
-        late = scrapes.wait()
+        left = scrapes.wait()
         if on_replica is None or on_replica():  # on shutdown the unanswered are abandoned
-            for replica in late:
+            for replica in left.late:
                 problems[replica] = mask_credentials(
                     f"{replica}/metrics: no answer within {scrapes.deadline - started:.3g} s"
                 )
+        if left.not_sent:
+            first = min(order.index(replica) for replica in left.not_sent)
+            self._first = self._replicas.index(order[first])
+            log.warning(
+                "scrapes left for the next cycle: no time to send them",
+                replicas=len(left.not_sent),
+                window_s=round(scrapes.deadline - started, 3),
+            )
         observations: dict[str, Observation] = {}
         for replica in self._replicas:
             if replica not in answered:

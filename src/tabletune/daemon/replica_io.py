@@ -4,7 +4,9 @@ its deadline (or until the daemon stops).
 
 A replica whose answer is late is that replica's problem this cycle. Its request may still be
 running (a hung engine holds it until the HTTP timeout); no new request of the same kind goes
-to that replica until it ends, so a hung replica never piles up threads or connections.
+to that replica until it ends, so a hung replica never piles up threads or connections. A
+request still waiting for a worker when the time is up is never sent: the daemon was behind,
+which is no fault of that replica's (the caller tries it again next cycle).
 
 Only the requests run on the workers; everything they return is handled on the thread that
 waits (``Round.wait``), so the daemon's state, metrics and alerts are never touched from two
@@ -32,6 +34,17 @@ def never() -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class Unanswered:
+    """The requests of a round without an answer when its wait ended, each list sorted."""
+
+    late: list[str]  # sent, not answered in time: the replica's problem
+    not_sent: list[str]  # still waiting for a worker: never sent (the daemon was behind)
+
+    def __bool__(self) -> bool:
+        return bool(self.late or self.not_sent)
+
+
 @dataclass
 class _Job(Generic[T]):
     busy_key: tuple[str, str]
@@ -39,7 +52,8 @@ class _Job(Generic[T]):
     action: Callable[[], T]
     done: Callable[[T], None]
     failed: Callable[[TableTuneError], None]
-    answers: queue.SimpleQueue[_Answer[Any]]
+    round: Round
+    started: bool = False  # a worker took it (under the pool's lock)
 
 
 @dataclass
@@ -118,6 +132,10 @@ class ReplicaIo:
             with self._lock:
                 self._idle -= 1
                 self._queued -= 1
+                job.started = not job.round.closed
+                if not job.started:  # its round gave up on it: never sent
+                    self._busy.discard(job.busy_key)
+                    continue
             answer: _Answer[Any] = _Answer(job)
             try:
                 answer.value = job.action()
@@ -125,7 +143,17 @@ class ReplicaIo:
                 answer.error = error
             with self._lock:
                 self._busy.discard(job.busy_key)
-            job.answers.put(answer)
+            job.round.answers.put(answer)
+
+    def _close(self, round: Round) -> Unanswered:
+        """No more answers for ``round``: its jobs not taken yet will never run."""
+        with self._lock:
+            round.closed = True
+            pending = round.pending.values()
+            return Unanswered(
+                late=sorted(job.key for job in pending if job.started),
+                not_sent=sorted(job.key for job in pending if not job.started),
+            )
 
 
 class Round:
@@ -138,8 +166,9 @@ class Round:
         self._kind = kind
         self.deadline = deadline
         self._stopped = stopped
-        self._answers: queue.SimpleQueue[_Answer[Any]] = queue.SimpleQueue()
-        self._pending: set[str] = set()
+        self.answers: queue.SimpleQueue[_Answer[Any]] = queue.SimpleQueue()
+        self.pending: dict[str, _Job[Any]] = {}
+        self.closed = False  # set under the pool's lock
 
     def submit(
         self,
@@ -152,28 +181,29 @@ class Round:
         """Run ``action`` for replica ``key``; ``done(value)`` or ``failed(error)`` are called
         from ``wait``. False (nothing sent) while an earlier request of this kind to the same
         replica is still running."""
-        job = _Job((self._kind, key), key, action, done, failed, self._answers)
+        job = _Job((self._kind, key), key, action, done, failed, self)
         if not self._io._submit(job):
             return False
-        self._pending.add(key)
+        self.pending[key] = job
         return True
 
-    def wait(self) -> list[str]:
+    def wait(self) -> Unanswered:
         """Handle answers until every request is answered, the deadline passes or the daemon
-        stops; the replicas still unanswered (late, or abandoned on stop), sorted."""
-        while self._pending:
+        stops; then the requests left without an answer (late, or never sent)."""
+        while self.pending:
             remaining = self.deadline - self._io.monotonic()
             over = remaining <= 0 or self._stopped()
             try:  # answers that already came are handled even when time is up
                 if over:
-                    answer = self._answers.get_nowait()
+                    answer = self.answers.get_nowait()
                 else:
-                    answer = self._answers.get(timeout=min(remaining, POLL_S))
+                    answer = self.answers.get(timeout=min(remaining, POLL_S))
             except queue.Empty:
                 if over:
                     break
                 continue
-            self._pending.discard(answer.job.key)
+            del self.pending[answer.job.key]
             answer.deliver()  # may submit more (a replica's next step)
-        late, self._pending = sorted(self._pending), set()
-        return late
+        left = self._io._close(self)
+        self.pending = {}
+        return left

@@ -73,6 +73,7 @@ class Daemon:
             failed=report.failed,
             rolled_back=report.rolled_back,
             forgotten=report.forgotten,
+            deferred=len(report.deferred),
             abandoned=report.abandoned,
         )
         return report

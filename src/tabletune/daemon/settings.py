@@ -76,7 +76,7 @@ class LoopSettings(_Group):
         ),
     )
     concurrency: int = Field(
-        default=32, ge=1, le=1024, description="replicas scraped or called at once"
+        default=16, ge=1, le=1024, description="replicas scraped or called at once"
     )
     forget_after_s: float = Field(
         default=600.0,
