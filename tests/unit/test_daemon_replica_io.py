@@ -74,7 +74,7 @@ def test_a_hung_replica_is_late_and_never_piled_up(hung: threading.Event) -> Non
     answers = io.round("admin", deadline=ticks.now + 20)
     answers.submit("hung", hung.wait, done=lambda _: done.append("hung"), failed=print)
     answers.submit("ok", lambda: "view", done=lambda _: done.append("ok"), failed=print)
-    assert answers.wait() == Unanswered(late=["hung"], not_sent=[])
+    assert answers.wait() == Unanswered(late=["hung"], unjudged=[])
     assert done == ["ok"]
     # Its request still runs: nothing more goes to it until it ends; the others go on.
     again = io.round("admin", deadline=ticks.now + 20)
@@ -151,7 +151,7 @@ def test_requests_never_sent_in_time_are_dropped_not_late(hung: threading.Event)
     answers.submit("hung", hung.wait, done=print, failed=print)
     for name in ("b", "c"):
         answers.submit(name, lambda name=name: ran.append(name), done=print, failed=print)  # type: ignore[misc]
-    assert answers.wait() == Unanswered(late=["hung"], not_sent=["b", "c"])
+    assert answers.wait() == Unanswered(late=["hung"], unjudged=["b", "c"])
     hung.set()
     poll_until(
         lambda: not any(io.busy("scrape", k) for k in ("hung", "b", "c")),
@@ -159,3 +159,12 @@ def test_requests_never_sent_in_time_are_dropped_not_late(hung: threading.Event)
         what="the line drained",
     )
     assert ran == []
+
+
+def test_a_request_sent_less_than_a_timeout_ago_gets_no_verdict(hung: threading.Event) -> None:
+    # Sent shortly before time was up (the daemon was busy): slow or hung, nobody can tell yet.
+    ticks = Ticks()
+    io = ReplicaIo(workers=1, monotonic=ticks)
+    answers = io.round("admin", deadline=ticks.now + 10, patience_s=1000)
+    answers.submit("slow", hung.wait, done=print, failed=print)
+    assert answers.wait() == Unanswered(late=[], unjudged=["slow"])

@@ -256,7 +256,12 @@ class Controller:
                 checked.add((obs.replica, ""))
                 continue
             grouped.setdefault(self.unit_key(rt), []).append((rt, obs))
-        admin = self.io.round("admin", deadline=budget.deadline, stopped=lambda: self.stopping)
+        admin = self.io.round(
+            "admin",
+            deadline=budget.deadline,
+            patience_s=self.settings.admin.timeout_s,
+            stopped=lambda: self.stopping,
+        )
         for key, members in grouped.items():
             pool = members[0][0].pool
             unit = self._unit(key, pool)
@@ -463,9 +468,9 @@ class Controller:
             self.outcomes.push_failed(rt, why, now, report)
 
     def _await_admin(self, admin: Round, now: float, report: CycleReport) -> None:
-        """Handle the admin answers as they come, until the cycle's deadline. A replica still
-        unanswered then failed this cycle; one whose call was never sent (the daemon was
-        behind) is simply decided again next cycle."""
+        """Handle the admin answers as they come, until the cycle's deadline. A replica that has
+        not answered for its timeout then failed this cycle; one whose call went out later, or
+        never (the daemon was behind), is simply decided again next cycle."""
         left = admin.wait()
         if self.stopping:
             report.abandoned = report.abandoned or bool(left)
@@ -474,11 +479,11 @@ class Controller:
             budget = self.settings.loop.cycle_budget * self.settings.loop.interval_s
             why = f"no answer within the cycle's budget ({budget:.3g} s)"
             self.outcomes.push_failed(self.replicas[replica], why, now, report)
-        for replica in left.not_sent:
+        for replica in left.unjudged:
             self.replicas[replica].needs_decision = True
             report.deferred.append(replica)
-        if left.not_sent:
-            log.warning("admin calls left for the next cycle", replicas=len(left.not_sent))
+        if left.unjudged:
+            log.warning("admin calls left for the next cycle", replicas=len(left.unjudged))
 
     def _forget(self, replica: str, now: float, report: CycleReport) -> None:
         """The replica had no data for forget_after_s: its alerts resolve, its series, runtime

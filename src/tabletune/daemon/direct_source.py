@@ -3,9 +3,9 @@
 The first scrape of a replica only sets its baseline; later scrapes report increases since the
 previous one (see ``scrape.observe_delta``). Replicas are scraped side by side
 (``daemon.replica_io``), each request within ``SOURCE__TIMEOUT_S``, all within the first half
-of the cycle's budget: a late, failed or garbled answer is that replica's problem, never the
-others'. Scrapes the daemon had no time to send (it is behind) are not a replica's problem:
-those replicas are left out of this cycle and scraped first in the next.
+of the cycle's budget: a failed, garbled or timed-out answer is that replica's problem, never
+the others'. Scrapes the daemon had no time to send or wait for (it is behind) are not a
+replica's problem: those replicas are left out of this cycle and scraped first in the next.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class DirectSource:
         cycle's budget, which a scrape's deadline never passes."""
         self._replicas = tuple(url.rstrip("/") for url in (replicas or settings.replicas))
         self._stale_after_s = settings.stale_after_s
+        self._timeout_s = settings.timeout_s
         self._budget_s = budget_s
         self._io = io or ReplicaIo(workers=DEFAULT_WORKERS)
         limits = httpx.Limits(
@@ -91,6 +92,7 @@ class DirectSource:
         scrapes = self._io.round(
             "scrape",
             deadline=budget.scrape_deadline(),
+            patience_s=self._timeout_s,
             stopped=(lambda: not on_replica()) if on_replica is not None else lambda: False,
         )
         answered: dict[str, tuple[float, Snapshot]] = {}
@@ -125,12 +127,12 @@ class DirectSource:
                 problems[replica] = mask_credentials(
                     f"{replica}/metrics: no answer within {scrapes.deadline - started:.3g} s"
                 )
-        if left.not_sent:
-            first = min(order.index(replica) for replica in left.not_sent)
+        if left.unjudged:
+            first = min(order.index(replica) for replica in left.unjudged)
             self._first = self._replicas.index(order[first])
             log.warning(
-                "scrapes left for the next cycle: no time to send them",
-                replicas=len(left.not_sent),
+                "scrapes left for the next cycle: no time to wait for them",
+                replicas=len(left.unjudged),
                 window_s=round(scrapes.deadline - started, 3),
             )
         observations: dict[str, Observation] = {}

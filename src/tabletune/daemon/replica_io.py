@@ -2,11 +2,12 @@
 handled on the cycle's own thread as it comes, and a cycle waits for answers no longer than
 its deadline (or until the daemon stops).
 
-A replica whose answer is late is that replica's problem this cycle. Its request may still be
-running (a hung engine holds it until the HTTP timeout); no new request of the same kind goes
-to that replica until it ends, so a hung replica never piles up threads or connections. A
-request still waiting for a worker when the time is up is never sent: the daemon was behind,
-which is no fault of that replica's (the caller tries it again next cycle).
+A replica that answers with an error, or not at all within its timeout (``patience_s``), is
+that replica's problem this cycle. Its request may still be running (a hung engine holds it
+until the HTTP timeout); no new request of the same kind goes to that replica until it ends, so
+a hung replica never piles up threads or connections. A request sent less than a timeout
+before the time was up, or still waiting for a worker (never sent then), gets no verdict: the
+daemon ran out of time, which is no fault of the replica's (the caller tries again next cycle).
 
 Only the requests run on the workers; everything they return is handled on the thread that
 waits (``Round.wait``), so the daemon's state, metrics and alerts are never touched from two
@@ -38,11 +39,11 @@ def never() -> bool:
 class Unanswered:
     """The requests of a round without an answer when its wait ended, each list sorted."""
 
-    late: list[str]  # sent, not answered in time: the replica's problem
-    not_sent: list[str]  # still waiting for a worker: never sent (the daemon was behind)
+    late: list[str]  # sent at least a timeout ago, no answer: the replica's problem
+    unjudged: list[str]  # sent later, or never (it waited for a worker): the daemon's time ran out
 
     def __bool__(self) -> bool:
-        return bool(self.late or self.not_sent)
+        return bool(self.late or self.unjudged)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class _Job(Generic[T]):
     failed: Callable[[TableTuneError], None]
     round: Round
     started: bool = False  # a worker took it (under the pool's lock)
+    started_at: float = 0.0
 
 
 @dataclass
@@ -91,9 +93,17 @@ class ReplicaIo:
         self._queued = 0  # jobs no worker has taken yet
         self._busy: set[tuple[str, str]] = set()
 
-    def round(self, kind: str, *, deadline: float, stopped: Callable[[], bool] = never) -> Round:
-        """Requests of one ``kind`` (scrape, admin) that must be answered by ``deadline``."""
-        return Round(self, kind, deadline, stopped)
+    def round(
+        self,
+        kind: str,
+        *,
+        deadline: float,
+        patience_s: float = 0.0,
+        stopped: Callable[[], bool] = never,
+    ) -> Round:
+        """Requests of one ``kind`` (scrape, admin) that must be answered by ``deadline``;
+        one unanswered for ``patience_s`` after it was sent is late."""
+        return Round(self, kind, deadline, patience_s, stopped)
 
     def busy(self, kind: str, key: str) -> bool:
         with self._lock:
@@ -136,6 +146,7 @@ class ReplicaIo:
                 if not job.started:  # its round gave up on it: never sent
                     self._busy.discard(job.busy_key)
                     continue
+                job.started_at = self.monotonic()
             answer: _Answer[Any] = _Answer(job)
             try:
                 answer.value = job.action()
@@ -147,24 +158,32 @@ class ReplicaIo:
 
     def _close(self, round: Round) -> Unanswered:
         """No more answers for ``round``: its jobs not taken yet will never run."""
+        now = self.monotonic()
         with self._lock:
             round.closed = True
-            pending = round.pending.values()
-            return Unanswered(
-                late=sorted(job.key for job in pending if job.started),
-                not_sent=sorted(job.key for job in pending if not job.started),
-            )
+            late = {
+                job.key
+                for job in round.pending.values()
+                if job.started and now - job.started_at >= round.patience_s
+            }
+            return Unanswered(late=sorted(late), unjudged=sorted(set(round.pending) - late))
 
 
 class Round:
     """One batch of requests and their deadline; ``wait`` handles the answers as they come."""
 
     def __init__(
-        self, io: ReplicaIo, kind: str, deadline: float, stopped: Callable[[], bool]
+        self,
+        io: ReplicaIo,
+        kind: str,
+        deadline: float,
+        patience_s: float,
+        stopped: Callable[[], bool],
     ) -> None:
         self._io = io
         self._kind = kind
         self.deadline = deadline
+        self.patience_s = patience_s
         self._stopped = stopped
         self.answers: queue.SimpleQueue[_Answer[Any]] = queue.SimpleQueue()
         self.pending: dict[str, _Job[Any]] = {}
@@ -189,7 +208,7 @@ class Round:
 
     def wait(self) -> Unanswered:
         """Handle answers until every request is answered, the deadline passes or the daemon
-        stops; then the requests left without an answer (late, or never sent)."""
+        stops; then the requests left without an answer (late, or without a verdict)."""
         while self.pending:
             remaining = self.deadline - self._io.monotonic()
             over = remaining <= 0 or self._stopped()
