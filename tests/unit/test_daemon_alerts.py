@@ -167,7 +167,7 @@ def test_events_and_resolutions_wait_out_an_alertmanager_outage() -> None:
     assert second == [first[1]]  # the event again; the resolution once
 
 
-def test_forgetting_a_replica_resolves_its_conditions_now() -> None:
+def test_forgetting_a_replica_ends_its_alerts_now() -> None:
     sent: list[list[dict[str, object]]] = []
     changes: list[tuple[str, str, bool]] = []
     sink = AlertSink(
@@ -180,6 +180,8 @@ def test_forgetting_a_replica_resolves_its_conditions_now() -> None:
     sink.condition(Alert(names.PUSH_FAILED, "cannot push", replica="gone", pool="p"), 0.0)
     sink.condition(Alert(names.STALE_DATA, "no data", replica="other"), 0.0)
     sink.flush(0.0)
+    sink.event(Alert(names.TABLE_SHIFTED, "changed", replica="gone"), 300.0)  # ends at 900
+    sink.flush(300.0, checked=lambda key: False)
     sink.forget("gone", 600.0)
     # Not re-judged this cycle (no data) and still nothing to say about "gone": resolved anyway.
     sink.flush(600.0, checked=lambda key: False)
@@ -192,7 +194,9 @@ def test_forgetting_a_replica_resolves_its_conditions_now() -> None:
     assert sorted(resolved) == [
         (names.PUSH_FAILED, "1970-01-01T00:10:00Z"),
         (names.STALE_DATA, "1970-01-01T00:10:00Z"),
+        (names.TABLE_SHIFTED, "1970-01-01T00:10:00Z"),  # ends now, not at 15 min
     ]
+    assert sink.events == {}
     assert sorted(c for c in changes if not c[2]) == [
         (names.PUSH_FAILED, "gone", False),
         (names.STALE_DATA, "gone", False),

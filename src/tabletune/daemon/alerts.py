@@ -175,11 +175,14 @@ class AlertSink:
             del self._events[next(iter(self._events))]
 
     def forget(self, replica: str, now: float) -> None:
-        """The replica is gone: its conditions resolve now (its events run out by themselves)."""
+        """The replica is gone: its conditions resolve and its events end, now."""
         for key, (alert, since) in list(self._active.items()):
             if alert.replica == replica:
                 self._resolve(key, alert, since, now)
         self._seen = {key for key in self._seen if key[1] != replica}
+        for key in [key for key in self._events if key[1] == replica]:
+            payload, _ = self._events.pop(key)
+            self._resolved.append({**payload, "endsAt": _iso(now)})
 
     def _resolve(self, key: tuple[str, str, str], alert: Alert, since: float, now: float) -> None:
         del self._active[key]
