@@ -168,3 +168,21 @@ def test_a_request_sent_less_than_a_timeout_ago_gets_no_verdict(hung: threading.
     answers = io.round("admin", deadline=ticks.now + 10, patience_s=1000)
     answers.submit("slow", hung.wait, done=print, failed=print)
     assert answers.wait() == Unanswered(late=[], unjudged=["slow"])
+
+
+def test_an_answer_handled_after_the_deadline_may_get_no_verdict() -> None:
+    # A table read answered in time but handled late would start planning and a push the cycle
+    # has no time for: no verdict (decided next cycle). A push's outcome is still recorded.
+    ticks = Ticks()
+    io = ReplicaIo(workers=2, monotonic=ticks)
+    got: list[str] = []
+    answers = io.round("admin", deadline=0.0)
+    answers.submit("read", lambda: "view", done=got.append, failed=print, after_deadline=False)
+    answers.submit("push", lambda: "pushed", done=got.append, failed=print)
+    poll_until(
+        lambda: not io.busy("admin", "read") and not io.busy("admin", "push"),
+        timeout_s=10,
+        what="both answered",
+    )
+    assert answers.wait() == Unanswered(late=[], unjudged=["read"])
+    assert got == ["pushed"]

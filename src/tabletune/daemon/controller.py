@@ -449,6 +449,7 @@ class Controller:
             ),
             now=now,
             report=report,
+            after_deadline=False,  # planning it then would run past the cycle's budget
         )
 
     def _send(
@@ -461,9 +462,12 @@ class Controller:
         failed: Callable[[TableTuneError], None],
         now: float,
         report: CycleReport,
+        after_deadline: bool = True,
     ) -> None:
         """One admin request of the replica, alongside the others' (``_await_admin``)."""
-        if not admin.submit(rt.replica, action, done=done, failed=failed):
+        if not admin.submit(
+            rt.replica, action, done=done, failed=failed, after_deadline=after_deadline
+        ):
             why = "its previous admin call has not ended (the engine does not answer)"
             self.outcomes.push_failed(rt, why, now, report)
 

@@ -54,6 +54,7 @@ class _Job(Generic[T]):
     done: Callable[[T], None]
     failed: Callable[[TableTuneError], None]
     round: Round
+    after_deadline: bool  # its answer is still handled when it is handled late
     started: bool = False  # a worker took it (under the pool's lock)
     started_at: float = 0.0
 
@@ -196,11 +197,14 @@ class Round:
         *,
         done: Callable[[T], None],
         failed: Callable[[TableTuneError], None],
+        after_deadline: bool = True,
     ) -> bool:
         """Run ``action`` for replica ``key``; ``done(value)`` or ``failed(error)`` are called
         from ``wait``. False (nothing sent) while an earlier request of this kind to the same
-        replica is still running."""
-        job = _Job((self._kind, key), key, action, done, failed, self)
+        replica is still running. ``after_deadline`` False: an answer not handled by the
+        deadline gets no verdict (its handling would start more work the cycle has no time
+        for), like a request never sent."""
+        job = _Job((self._kind, key), key, action, done, failed, self, after_deadline)
         if not self._io._submit(job):
             return False
         self.pending[key] = job
@@ -209,6 +213,7 @@ class Round:
     def wait(self) -> Unanswered:
         """Handle answers until every request is answered, the deadline passes or the daemon
         stops; then the requests left without an answer (late, or without a verdict)."""
+        dropped: list[str] = []
         while self.pending:
             remaining = self.deadline - self._io.monotonic()
             over = remaining <= 0 or self._stopped()
@@ -222,7 +227,12 @@ class Round:
                     break
                 continue
             del self.pending[answer.job.key]
+            if over and not answer.job.after_deadline:
+                dropped.append(answer.job.key)
+                continue
             answer.deliver()  # may submit more (a replica's next step)
         left = self._io._close(self)
         self.pending = {}
+        if dropped:
+            left = Unanswered(late=left.late, unjudged=sorted([*left.unjudged, *dropped]))
         return left
