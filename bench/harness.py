@@ -6,6 +6,7 @@ through the emulated plugin's admin backend (the same state transitions as over 
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +52,17 @@ def daemon_settings(profile: Path, state_dir: Path, **env: str) -> DaemonSetting
 
 
 class ReplicaAdmin(InProcessAdmin):
-    """The daemon's admin client, calling the emulated plugin's HTTP side in process."""
+    """The daemon's admin client, calling the emulated plugin's HTTP side in process.
 
-    def __init__(self, replica: Replica, loop: asyncio.AbstractEventLoop) -> None:
+    The daemon calls replicas from several threads at once; the emulated replicas share one
+    event loop, so calls into it take turns (``lock``)."""
+
+    def __init__(
+        self, replica: Replica, loop: asyncio.AbstractEventLoop, lock: threading.Lock
+    ) -> None:
         self.replica = replica
         self.loop = loop
+        self.lock = lock
 
     def answer(self, request: AdminRequest, if_match: int | None) -> TableView:
         admin = self.replica.admin
@@ -66,7 +73,8 @@ class ReplicaAdmin(InProcessAdmin):
         else:
             coroutine = admin.get_view()
         try:
-            view: TableView = self.loop.run_until_complete(coroutine)
+            with self.lock:
+                view: TableView = self.loop.run_until_complete(coroutine)
         except AdminError as error:
             if error.status >= 500:
                 raise TemporaryError(f"HTTP {error.status}: {error.detail}") from None
@@ -90,11 +98,12 @@ class Rig:
             for i in range(replicas)
         }
         self.loop = asyncio.new_event_loop()
+        self.lock = threading.Lock()
         self.settings = daemon_settings(profile, workdir / "state", **env)
         source = DirectSource(
             settings=self.settings.source, replicas=list(self.replicas), fetch=self.fetch
         )
-        admins = {url: ReplicaAdmin(r, self.loop) for url, r in self.replicas.items()}
+        admins = {url: ReplicaAdmin(r, self.loop, self.lock) for url, r in self.replicas.items()}
         self.controller = Controller(
             settings=self.settings,
             source=source,
@@ -108,9 +117,11 @@ class Rig:
 
     def fetch(self, url: str) -> str:
         try:
-            return self.loop.run_until_complete(self.replicas[url].metrics_text()).decode()
+            with self.lock:
+                text = self.loop.run_until_complete(self.replicas[url].metrics_text())
         except Unavailable as error:
             raise InputError(f"{url}: {error}") from None
+        return text.decode()
 
     def metrics_rollbacks(self) -> float:
         total = 0.0

@@ -116,7 +116,7 @@ def daemon_at(load: int, workdir: Path) -> dict[str, Any]:
     rig = Rig(SERVING, PROFILE, workdir, LOOP__INTERVAL_S=str(INTERVAL_S))
     replica = next(iter(rig.replicas.values()))
     replica.set_load(load)
-    admin = ReplicaAdmin(replica, rig.loop)
+    admin = ReplicaAdmin(replica, rig.loop, rig.lock)
     profile_table = replica.truth(last=0)["profile_table"]
     admin.put_table(profile_table)
     score = ExpectedScore(replica.engine)

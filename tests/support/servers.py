@@ -425,10 +425,11 @@ def alertmanager(
     webhook_url: str | None = None,
     config: Mapping[str, Any] | None = None,
     timeout_s: float = START_TIMEOUT_S,
+    port: int | None = None,
 ) -> Iterator[AlertmanagerServer]:
-    """A real Alertmanager (clustering off) on a free port."""
+    """A real Alertmanager (clustering off) on a free port (or ``port``: a restart)."""
     binary = require_binary(ALERTMANAGER_BINARY)
-    port = free_port()
+    port = port or free_port()
     base = workdir / f"alertmanager-{port}"
     base.mkdir(parents=True, exist_ok=True)
     config_path = base / "alertmanager.yml"

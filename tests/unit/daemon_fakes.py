@@ -177,8 +177,14 @@ class ModelSource:
             tuple[dict[str, float], list[float], list[float], dict[CellKey, CellTotals]],
         ] = {}
         self.down: str | None = None
-        self.missing: set[str] = set()
+        self.missing: set[str] = set()  # named, without data (scrape failed)
+        self.removed: set[str] = set()  # no longer named at all (a pod deleted)
+        self.forgotten: list[str] = []
         self.hook: Callable[[], None] | None = None
+
+    def forget(self, replica: str) -> None:
+        self.forgotten.append(replica)
+        self.seen.pop(replica, None)
 
     def collect(self, now: float, *, on_replica: Callable[[], bool] | None = None) -> SourceResult:
         if self.down is not None:
@@ -187,7 +193,7 @@ class ModelSource:
         self.last = now
         observations: dict[str, Observation] = {}
         for name, engine in self.engines.items():
-            if name in self.missing:
+            if name in self.missing or name in self.removed:
                 continue
             if interval > 0:
                 engine.run(interval)
@@ -219,5 +225,7 @@ class ModelSource:
             )
         return SourceResult(
             observations=observations,
-            problems={name: "scrape failed: connection refused" for name in self.missing},
+            problems={
+                name: "scrape failed: connection refused" for name in self.missing - self.removed
+            },
         )

@@ -73,14 +73,19 @@ def test_unchecked_conditions_stay_firing() -> None:
     assert (names.PROFILE_DRIFT, "r2", "") in sink.active
 
 
-def test_events_expire_by_themselves() -> None:
+def test_events_are_resent_until_they_end() -> None:
+    # An Alertmanager that restarted meanwhile (alerts live in its memory) gets them again;
+    # re-sending the same alert is a no-op for one that kept it.
     sent: list[list[dict[str, object]]] = []
     sink = AlertSink(settings=SETTINGS, condition_ttl_s=120, poster=sent.append)
     sink.event(Alert(names.TABLE_SHIFTED, "changed", replica="r1"), 0.0)
     sink.flush(0.0)
     assert sent[0][0]["endsAt"] == "1970-01-01T00:10:00Z"
     sink.flush(15.0)
-    assert len(sent) == 1  # sent once
+    sink.flush(599.0)
+    assert sent == [sent[0]] * 3  # the very same alert
+    sink.flush(600.0)
+    assert len(sent) == 3 and sink.events == {}  # ended: no longer sent
 
 
 def test_unreachable_alertmanager_keeps_alerts_for_next_flush() -> None:
@@ -122,3 +127,77 @@ def test_client_posts_v2_with_auth() -> None:
     assert json.loads(seen[0].content) == [{"labels": {"alertname": "X"}}]
     with pytest.raises(TemporaryError, match="HTTP 500"):
         client.post([])
+
+
+def test_an_event_replaces_the_older_one_of_its_label_set_and_the_newest_are_kept() -> None:
+    settings = load_settings({"TABLETUNE_ALERTS__KEEP_EVENTS": "2"}).alerts
+    sent: list[list[dict[str, object]]] = []
+    sink = AlertSink(settings=settings, condition_ttl_s=120, poster=sent.append)
+    sink.event(Alert(names.TABLE_SHIFTED, "first", replica="r1"), 0.0)
+    sink.event(Alert(names.TABLE_SHIFTED, "second", replica="r1"), 10.0)
+    sink.event(Alert(names.TABLE_SHIFTED, "other", replica="r2"), 20.0)
+    sink.event(Alert(names.ROLLBACK, "newest", replica="r3"), 30.0)
+    sink.flush(30.0)
+    summaries = [a["annotations"]["summary"] for a in sent[0]]  # type: ignore[index]
+    assert summaries == ["other", "newest"]  # r1's two: one label set, and the oldest left
+
+
+def test_events_and_resolutions_wait_out_an_alertmanager_outage() -> None:
+    sent: list[list[dict[str, object]]] = []
+    down = True
+
+    def poster(batch: list[dict[str, object]]) -> None:
+        if down:
+            raise TemporaryError("connection refused")
+        sent.append(batch)
+
+    sink = AlertSink(settings=SETTINGS, condition_ttl_s=120, poster=poster)
+    sink.condition(Alert(names.STALE_DATA, "no data", replica="r1"), 0.0)
+    sink.event(Alert(names.TABLE_SHIFTED, "changed", replica="r2"), 0.0)
+    sink.flush(0.0)
+    sink.flush(15.0)  # r1's condition resolved while Alertmanager is down
+    down = False
+    sink.flush(30.0)
+    sink.flush(45.0)
+    first, second = sent
+    assert [(a["labels"]["alertname"], a["endsAt"]) for a in first] == [  # type: ignore[index]
+        (names.STALE_DATA, "1970-01-01T00:00:15Z"),  # the resolution, delivered late
+        (names.TABLE_SHIFTED, "1970-01-01T00:10:00Z"),
+    ]
+    assert second == [first[1]]  # the event again; the resolution once
+
+
+def test_forgetting_a_replica_ends_its_alerts_now() -> None:
+    sent: list[list[dict[str, object]]] = []
+    changes: list[tuple[str, str, bool]] = []
+    sink = AlertSink(
+        settings=SETTINGS,
+        condition_ttl_s=120,
+        poster=sent.append,
+        on_change=lambda a, firing: changes.append((a.name, a.replica, firing)),
+    )
+    sink.condition(Alert(names.STALE_DATA, "no data", replica="gone"), 0.0)
+    sink.condition(Alert(names.PUSH_FAILED, "cannot push", replica="gone", pool="p"), 0.0)
+    sink.condition(Alert(names.STALE_DATA, "no data", replica="other"), 0.0)
+    sink.flush(0.0)
+    sink.event(Alert(names.TABLE_SHIFTED, "changed", replica="gone"), 300.0)  # ends at 900
+    sink.flush(300.0, checked=lambda key: False)
+    sink.forget("gone", 600.0)
+    # Not re-judged this cycle (no data) and still nothing to say about "gone": resolved anyway.
+    sink.flush(600.0, checked=lambda key: False)
+    assert set(sink.active) == {(names.STALE_DATA, "other", "")}
+    resolved = [
+        (a["labels"]["alertname"], a["endsAt"])  # type: ignore[index]
+        for a in sent[-1]
+        if a["labels"].get("replica") == "gone"  # type: ignore[attr-defined]
+    ]
+    assert sorted(resolved) == [
+        (names.PUSH_FAILED, "1970-01-01T00:10:00Z"),
+        (names.STALE_DATA, "1970-01-01T00:10:00Z"),
+        (names.TABLE_SHIFTED, "1970-01-01T00:10:00Z"),  # ends now, not at 15 min
+    ]
+    assert sink.events == {}
+    assert sorted(c for c in changes if not c[2]) == [
+        (names.PUSH_FAILED, "gone", False),
+        (names.STALE_DATA, "gone", False),
+    ]

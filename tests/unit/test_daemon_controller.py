@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 import structlog
 
+from tabletune.admin.protocol import TableView
 from tabletune.admin.state import TableState
 from tabletune.daemon import alerts as names
 from tabletune.daemon.alerts import AlertSink
@@ -20,6 +23,7 @@ from tabletune.daemon.state import StateStore
 from tabletune.schemas.profile import step_times_of
 from tabletune.schemas.table import normalize_ranges
 from tabletune.solver import StepTimes, TableProblem, dense_lookup, evaluate_table, solve
+from tests.support.servers import poll_until
 from tests.unit.daemon_fakes import FakeAdmin, FakeClock, ModelEngine, ModelSource, small_profile
 
 PRIOR = (0.8, 0.6, 0.45)
@@ -110,6 +114,13 @@ class Rig:
             if alert["labels"]["alertname"] == alertname  # type: ignore[index]
         ]
 
+    def happened(self, alertname: str) -> list[dict[str, object]]:
+        """The distinct events posted (each is re-sent every cycle until it ends)."""
+        distinct: dict[str, dict[str, object]] = {}
+        for alert in self.posted(alertname):
+            distinct.setdefault(json.dumps(alert, sort_keys=True), alert)
+        return list(distinct.values())
+
 
 def step_time_ratios(rig: Rig) -> dict[tuple[str, str], float]:
     """The daemon's live/profile step-time ratios of replica r1: (k, batch) -> ratio."""
@@ -130,7 +141,7 @@ def test_pushes_the_oracle_table_after_the_first_rebuild() -> None:
     assert (
         rig.metrics.sample("tabletune_daemon_pushes_total", {"replica": "r1", "outcome": "ok"}) == 1
     )
-    shifted = rig.posted(names.TABLE_SHIFTED)
+    shifted = rig.happened(names.TABLE_SHIFTED)
     assert len(shifted) == 1
     assert shifted[0]["annotations"]["new_table"] == str([list(r) for r in rig.oracle(PRIOR)])  # type: ignore[index]
     # The plugin got the exploration and hysteresis settings.
@@ -440,3 +451,132 @@ def test_a_k_slower_in_serving_than_profiled_is_replaced_at_the_load_it_hurts() 
     ran = evaluate_table(truth, PRIOR, engine.state.ranges, max_batch=128)
     assert engine.state.k_for(48) != 3
     assert ran.goodput[47] >= 0.985 * best.best_fixed_goodput[47]
+
+
+def replica_series(rig: Rig, replica: str) -> list[str]:
+    return [
+        sample.name
+        for family in rig.metrics.registry.collect()
+        for sample in family.samples
+        if replica in (sample.labels.get("replica"), sample.labels.get("unit"))
+    ]
+
+
+def test_a_replica_that_left_is_forgotten_after_the_ttl(tmp_path: Path) -> None:
+    rig = Rig(settings_with(LOOP__FORGET_AFTER_S="120"), replicas=("r1", "r2"), state_dir=tmp_path)
+    rig.cycles(3)
+    assert replica_series(rig, "r2")
+    rig.source.missing = {"r2"}  # its pod is deleted: scrapes fail, then it is no longer named
+    rig.cycles(2)
+    assert (names.STALE_DATA, "r2", "") in rig.alerts.active
+    rig.source.removed = {"r2"}
+    reports = rig.cycles(3)
+    assert [r.forgotten for r in reports] == [[], ["r2"], []]  # type: ignore[attr-defined]
+    # 120 s after its last data: alerts resolved, series, runtime and saved records gone.
+    assert not any(key[1] == "r2" for key in rig.alerts.active)
+    assert rig.posted(names.STALE_DATA)[-1]["endsAt"] != rig.posted(names.STALE_DATA)[0]["endsAt"]
+    assert replica_series(rig, "r2") == []
+    assert "r2" not in rig.controller.replicas and "r2" not in rig.controller.units
+    saved = StateStore(tmp_path).load()[0]
+    assert set(saved.replicas) == {"r1"} and set(saved.units) == {"r1"}
+    assert rig.source.forgotten == ["r2"]
+    # r1 never noticed.
+    assert rig.engines["r1"].state.ranges == rig.oracle(PRIOR)
+    assert not any(key[1] == "r1" for key in rig.alerts.active)
+    # It comes back (same address): a new replica, baseline then first sight.
+    rig.source.missing = rig.source.removed = set()
+    reports = rig.cycles(2)
+    assert "r2" in reports[1].observed  # type: ignore[attr-defined]
+    assert "r2" in rig.controller.replicas and replica_series(rig, "r2")
+
+
+def test_a_forgotten_replica_still_named_raises_no_new_alert() -> None:
+    rig = Rig(settings_with(LOOP__FORGET_AFTER_S="120"), replicas=("r1", "r2"))
+    rig.cycles(2)
+    rig.source.missing = {"r2"}  # down for good, still in the list of replicas
+    reports = rig.cycles(10)
+    assert sum(len(r.forgotten) for r in reports) == 1  # type: ignore[attr-defined]
+    assert all("r2" in r.problems for r in reports)  # type: ignore[attr-defined]
+    assert (names.STALE_DATA, "r2", "") not in rig.alerts.active
+    assert replica_series(rig, "r2") == []
+
+
+def test_a_saved_replica_never_seen_again_is_dropped_after_the_ttl(tmp_path: Path) -> None:
+    rig = Rig(settings_with(), replicas=("r1", "r2"), state_dir=tmp_path)
+    rig.cycles(3)
+    again = Rig(settings_with(LOOP__FORGET_AFTER_S="120"), replicas=("r1",), state_dir=tmp_path)
+    again.controller.restore()
+    again.cycles(4)
+    assert set(StateStore(tmp_path).load()[0].replicas) == {"r1", "r2"}  # 90 s: kept
+    again.cycles(1)
+    assert set(StateStore(tmp_path).load()[0].replicas) == {"r1"}
+
+
+class HungAdmin(FakeAdmin):
+    """An engine whose admin API accepts requests and never answers (until released)."""
+
+    def __init__(self, engine: ModelEngine) -> None:
+        super().__init__(engine)
+        self.release = threading.Event()
+
+    def get_table(self) -> TableView:
+        self.calls.append("GET (hangs)")
+        self.release.wait()
+        return super().get_table()
+
+
+def test_a_hung_admin_api_delays_no_other_replica() -> None:
+    # A 1.6 s budget in real time (the rest of the test runs on the fake clock).
+    rig = Rig(settings_with(LOOP__INTERVAL_S="2"), replicas=("r1", "r2", "r3", "r4"))
+    hung = rig.admins["r4"] = HungAdmin(rig.engines["r4"])
+    try:
+        reports = rig.cycles(3)
+        for name in ("r1", "r2", "r3"):
+            assert rig.engines[name].state.ranges == rig.oracle(PRIOR)
+        # Sent less than its 5 s timeout before the 1.6 s budget ran out: no verdict yet; still
+        # hanging a cycle later: failed.
+        assert [r.deferred for r in reports] == [[], ["r4"], []]  # type: ignore[attr-defined]
+        assert [r.failed for r in reports] == [[], [], ["r4"]]  # type: ignore[attr-defined]
+        assert {key for key in rig.alerts.active} == {(names.PUSH_FAILED, "r4", "m|d|test-gpu")}
+        assert rig.posted(names.STALE_DATA) == []
+        assert hung.calls == ["GET (hangs)"]  # no second request while the first hangs
+    finally:
+        hung.release.set()
+    poll_until(lambda: not rig.controller.io.busy("admin", "r4"), timeout_s=10, what="r4 free")
+    rig.cycles(1)
+    assert rig.engines["r4"].state.ranges == rig.oracle(PRIOR)
+    assert not rig.alerts.active
+
+
+def test_stopping_abandons_what_the_cycle_waits_for() -> None:
+    rig = Rig(settings_with(LOOP__INTERVAL_S="600"), replicas=("r1", "r2"))
+    hung = rig.admins["r2"] = HungAdmin(rig.engines["r2"])
+    try:
+        rig.cycles(1)
+        threading.Timer(0.2, lambda: setattr(rig.controller, "stopping", True)).start()
+        report = rig.controller.run_cycle()  # would wait 480 s for r2 without the stop
+        assert report.abandoned and report.failed == []
+        assert rig.engines["r1"].state.ranges == rig.oracle(PRIOR)
+        assert not rig.alerts.active  # abandoning is not the replica's failure
+    finally:
+        hung.release.set()
+
+
+def test_admin_calls_never_sent_in_time_are_no_replica_s_failure() -> None:
+    # One worker, held by r1's hung admin API: r2's and r3's calls wait in line past the
+    # budget. The daemon was behind, they did nothing wrong: no alert, decided next cycle.
+    rig = Rig(
+        settings_with(LOOP__INTERVAL_S="2", LOOP__CONCURRENCY="1", ADMIN__TIMEOUT_S="1"),
+        replicas=("r1", "r2", "r3"),
+    )
+    hung = rig.admins["r1"] = HungAdmin(rig.engines["r1"])
+    try:
+        reports = rig.cycles(2)
+        assert reports[1].failed == ["r1"]  # type: ignore[attr-defined]  (1 s without answer)
+        assert sorted(reports[1].deferred) == ["r2", "r3"]  # type: ignore[attr-defined]
+        assert set(rig.alerts.active) == {(names.PUSH_FAILED, "r1", "m|d|test-gpu")}
+    finally:
+        hung.release.set()
+    poll_until(lambda: not rig.controller.io.busy("admin", "r1"), timeout_s=10, what="r1 free")
+    rig.cycles(1)
+    assert all(e.state.ranges == rig.oracle(PRIOR) for e in rig.engines.values())

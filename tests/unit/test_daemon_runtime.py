@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 import structlog
+from prometheus_client.metrics import MetricWrapperBase
 
 from tabletune.daemon.metrics import DaemonMetrics, MetricsServer
 from tabletune.daemon.retry import with_retries
@@ -104,6 +105,65 @@ def test_metrics_and_healthz_served() -> None:
         assert httpx.get(f"{base}/nope").status_code == 404
     finally:
         server.stop()
+
+
+def _every_series(metrics: DaemonMetrics, replica: str) -> None:
+    """One series of every family that belongs to a replica (or to its estimator unit)."""
+    metrics.set_table(replica, [(1, 64, 3), (65, 256, 1)], 7)
+    metrics.last_push.labels(replica).set(1.0)
+    metrics.pushes.labels(replica, "ok").inc()
+    metrics.rollbacks.labels(replica).inc()
+    metrics.predicted_gain.labels(replica).set(0.02)
+    metrics.set_step_time_ratios(replica, [(3, (17, 24), 1.1)])
+    metrics.stale.labels(replica).set(0)
+    metrics.alerts.labels("TableTuneStaleData", replica, "").set(1)
+    metrics.acceptance.labels(replica, "1").set(0.8)
+    metrics.acceptance_prior.labels(replica, "1").set(0.8)
+
+
+def _series_of(metrics: DaemonMetrics, replica: str) -> list[str]:
+    return [
+        sample.name
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if replica in (sample.labels.get("replica"), sample.labels.get("unit"))
+    ]
+
+
+def test_forgetting_a_replica_removes_every_series_of_it() -> None:
+    metrics = DaemonMetrics()
+    _every_series(metrics, "gone")
+    _every_series(metrics, "kept")
+    metrics.cycles.labels("ok").inc()
+    before = _series_of(metrics, "kept")
+    metrics.forget("gone")
+    assert _series_of(metrics, "gone") == []
+    assert _series_of(metrics, "kept") == before
+    assert metrics.sample("tabletune_daemon_cycles_total", {"outcome": "ok"}) == 1
+    # Its table comes back cleanly if it does.
+    metrics.set_table("gone", [(1, 256, 2)], 1)
+    assert (
+        metrics.sample(
+            "tabletune_daemon_table_range_k",
+            {"replica": "gone", "range_start": "1", "range_end": "256"},
+        )
+        == 2
+    )
+
+
+def test_every_family_labelled_by_replica_is_forgotten() -> None:
+    metrics = DaemonMetrics()
+    labelled = {
+        name
+        for name, family in vars(metrics).items()
+        if isinstance(family, MetricWrapperBase) and "replica" in family._labelnames
+    }
+    forgotten = {
+        name
+        for name, family in vars(metrics).items()
+        if any(family is f for f, label in metrics.per_replica() if label == "replica")
+    }
+    assert labelled == forgotten
 
 
 def test_state_round_trip_and_incompatible_file(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -13,12 +14,13 @@ from prometheus_client.registry import Collector
 from tabletune import metric_names as mn
 from tabletune.daemon.counters import CELL_FIELDS, DRAFTED, GENERATED
 from tabletune.daemon.direct_source import DirectSource
+from tabletune.daemon.replica_io import ReplicaIo
 from tabletune.daemon.scrape import SampleHeads, Snapshot, observe_delta, parse_snapshot
 from tabletune.daemon.settings import load_settings
 from tabletune.errors import InputError
 from tabletune.plugin.step_metrics import EngineSteps, step_cell_families
 from tabletune.step_cells import CellTotals, StepCellCounter
-from tests.support.servers import free_port
+from tests.support.servers import free_port, poll_until
 
 
 class FakeVllm:
@@ -210,7 +212,8 @@ def test_direct_source_baseline_then_deltas(served: tuple[FakeVllm, str]) -> Non
     vllm.traffic("0", drafts=400, batch=4, k=3, step_s=0.01)
     second = source.collect(115.0)
     obs = second.observations[url]
-    assert obs.interval_s == 15.0
+    # Each read is stamped with when its answer came: the first took the dead one's refusal.
+    assert obs.interval_s == pytest.approx(15.0, abs=1.0)
     assert obs.drafted == (400.0, 400.0, 400.0)
     assert obs.step_cells[(3, 4, 4)].steps == 100.0
     assert obs.admin_url == url
@@ -251,3 +254,35 @@ def test_timestamps_and_openmetrics_names_are_read() -> None:
     assert snap.totals[(GENERATED, "0", "", "", "")] == 42.0
     assert snap.totals[(f"{mn.VLLM_ACCEPTED_PER_POS}_total", "0", "0", "", "")] == 21.0
     assert snap.starts == {(f"{mn.VLLM_GENERATION_TOKENS}_created", "0", "", "", ""): 1.7e9}
+
+
+def test_a_hung_replica_is_its_own_problem_and_those_left_in_line_go_first_next() -> None:
+    vllm = FakeVllm()
+    vllm.traffic("0", drafts=100, batch=4, k=3, step_s=0.01)
+    release = threading.Event()
+    asked: list[str] = []
+
+    def fetch(replica: str) -> str:
+        asked.append(replica)
+        if replica == "a":
+            release.wait()
+        return vllm.text()
+
+    ticks = iter(range(10**6))
+    io = ReplicaIo(workers=1, monotonic=lambda: float(next(ticks)))
+    settings = load_settings({}).source
+    source = DirectSource(
+        settings=settings, replicas=["a", "b", "c"], fetch=fetch, io=io, budget_s=20.0
+    )
+    try:
+        first = source.collect(0.0)
+        # "a" hangs on the only worker: it is late; "b" and "c" were never asked.
+        assert list(first.problems) == ["a"] and "no answer" in first.problems["a"]
+        assert asked == ["a"]
+        release.set()
+        poll_until(lambda: not io.busy("scrape", "a"), timeout_s=10, what="a's scrape ended")
+        second = source.collect(15.0)
+        assert asked == ["a", "b", "c", "a"]  # the ones left out went first
+        assert second.problems == {}
+    finally:
+        release.set()

@@ -212,6 +212,6 @@ def test_the_token_file_is_what_the_daemon_sends(tmp_path: Path) -> None:
     daemon = build_daemon(load_settings(_settings(tmp_path, TABLETUNE_ADMIN_TOKEN_FILE=str(path))))
     try:
         client = daemon.controller.admin_for("http://127.0.0.1:9")
-        assert client._http.headers["authorization"] == f"Bearer {TOKEN}"
+        assert client._headers["Authorization"] == f"Bearer {TOKEN}"
     finally:
         daemon.close()

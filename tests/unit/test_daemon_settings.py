@@ -19,7 +19,12 @@ from tabletune.daemon.settings import (
 from tabletune.errors import InputError
 
 DEFAULTS = {
-    "loop": {"interval_s": 15.0},
+    "loop": {
+        "interval_s": 15.0,
+        "cycle_budget": 0.8,
+        "concurrency": 16,
+        "forget_after_s": 600.0,
+    },
     "source": {
         "prometheus_url": None,
         "replicas": (),
@@ -89,6 +94,7 @@ DEFAULTS = {
         "password": None,
         "bearer_token": None,
         "event_ttl_s": 900.0,
+        "keep_events": 1000,
         "timeout_s": 5.0,
     },
     "server": {"host": "127.0.0.1", "port": 9465},

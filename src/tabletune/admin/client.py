@@ -44,7 +44,12 @@ def settings_body(**fields: int | list[int] | None) -> dict[str, int | list[int]
 
 
 class AdminClient:
-    """Talks to one engine's ``/tabletune/v1`` endpoints."""
+    """Talks to one engine's ``/tabletune/v1`` endpoints.
+
+    With ``http`` given, requests go through that shared ``httpx.Client`` (one connection pool
+    for many engines: the daemon's) and ``close`` leaves it open; otherwise the client owns
+    one of its own.
+    """
 
     def __init__(
         self,
@@ -53,15 +58,16 @@ class AdminClient:
         token: str | None = None,
         timeout_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        http: httpx.Client | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
-        )
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._owned = http is None
+        self._http = http or httpx.Client(timeout=timeout_s, transport=transport)
 
     def close(self) -> None:
-        self._http.close()
+        if self._owned:
+            self._http.close()
 
     def __enter__(self) -> AdminClient:
         return self
@@ -69,9 +75,19 @@ class AdminClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, **kwargs: object) -> TableView:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: object = None,
+        headers: dict[str, str] | None = None,
+    ) -> TableView:
+        url = f"{self.base_url}{path}"
         try:
-            response = self._http.request(method, path, **kwargs)  # type: ignore[arg-type]
+            response = self._http.request(
+                method, url, json=json, headers={**self._headers, **(headers or {})}
+            )
         except httpx.HTTPError as error:
             raise TemporaryError(
                 f"{self.base_url}{path}: {type(error).__name__}: {error}"

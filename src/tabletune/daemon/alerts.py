@@ -2,7 +2,9 @@
 
 Two kinds: *conditions* (stale data, drift, push failures) stay firing while they hold and are
 re-sent every cycle; when they stop holding they are sent once more with ``endsAt`` = now
-(resolved). *Events* (table shifted, rollback) are sent once with ``endsAt`` = now + TTL.
+(resolved). *Events* (table shifted, rollback) carry ``endsAt`` = their time + TTL and are
+re-sent every cycle until then (Alertmanager dedupes), so an Alertmanager that restarted in
+between gets them again; the newest ``ALERTS__KEEP_EVENTS`` are kept, one per label set.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ class AlertmanagerClient:
 
 
 Poster = Callable[[list[dict[str, object]]], None]
+UNSENT_RESOLUTIONS = 500  # resolutions kept while Alertmanager is unreachable
 
 
 class AlertSink:
@@ -124,12 +127,20 @@ class AlertSink:
         self._on_change = on_change
         self._active: dict[tuple[str, str, str], tuple[Alert, float]] = {}  # key -> (alert, since)
         self._seen: set[tuple[str, str, str]] = set()
-        self._outbox: list[dict[str, object]] = []
+        # key -> (postable alert, when it ends): the newest event of each label set, re-sent
+        # until it ends (Alertmanager keeps one alert per label set anyway)
+        self._events: dict[tuple[str, str, str], tuple[dict[str, object], float]] = {}
+        self._resolved: list[dict[str, object]] = []  # resolutions not yet delivered
         self.send_errors = 0
 
     @property
     def active(self) -> dict[tuple[str, str, str], Alert]:
         return {key: alert for key, (alert, _) in self._active.items()}
+
+    @property
+    def events(self) -> dict[tuple[str, str, str], dict[str, object]]:
+        """The events still re-sent, by label set."""
+        return {key: payload for key, (payload, _) in self._events.items()}
 
     def condition(self, alert: Alert, now: float) -> None:
         """The condition holds this cycle (firing)."""
@@ -159,9 +170,28 @@ class AlertSink:
             description=alert.description,
             **dict(alert.extra),
         )
-        self._outbox.append(
-            to_alertmanager(alert, starts_at=now, ends_at=now + self._settings.event_ttl_s)
-        )
+        ends_at = now + self._settings.event_ttl_s
+        self._events.pop(alert.key, None)  # the newest goes last: the oldest leave first
+        self._events[alert.key] = (to_alertmanager(alert, starts_at=now, ends_at=ends_at), ends_at)
+        while len(self._events) > self._settings.keep_events:
+            del self._events[next(iter(self._events))]
+
+    def forget(self, replica: str, now: float) -> None:
+        """The replica is gone: its conditions resolve and its events end, now."""
+        for key, (alert, since) in list(self._active.items()):
+            if alert.replica == replica:
+                self._resolve(key, alert, since, now)
+        self._seen = {key for key in self._seen if key[1] != replica}
+        for key in [key for key in self._events if key[1] == replica]:
+            payload, _ = self._events.pop(key)
+            self._resolved.append({**payload, "endsAt": _iso(now)})
+
+    def _resolve(self, key: tuple[str, str, str], alert: Alert, since: float, now: float) -> None:
+        del self._active[key]
+        log.info("alert resolved", alertname=alert.name, replica=alert.replica, pool=alert.pool)
+        if self._on_change:
+            self._on_change(alert, False)
+        self._resolved.append(to_alertmanager(alert, starts_at=since, ends_at=now))
 
     def flush(
         self, now: float, *, checked: Callable[[tuple[str, str, str]], bool] | None = None
@@ -171,26 +201,26 @@ class AlertSink:
         ``checked(key)`` False means "not re-evaluated this cycle" (e.g. the replica had no
         data): such alerts stay as they are.
         """
+        firing = []
         for key, (alert, since) in list(self._active.items()):
             if key in self._seen or (checked is not None and not checked(key)):
-                self._outbox.append(
-                    to_alertmanager(alert, starts_at=since, ends_at=now + self._condition_ttl_s)
-                )
-                continue
-            del self._active[key]
-            log.info("alert resolved", alertname=alert.name, replica=alert.replica, pool=alert.pool)
-            if self._on_change:
-                self._on_change(alert, False)
-            self._outbox.append(to_alertmanager(alert, starts_at=since, ends_at=now))
+                ends_at = now + self._condition_ttl_s
+                firing.append(to_alertmanager(alert, starts_at=since, ends_at=ends_at))
+            else:
+                self._resolve(key, alert, since, now)
         self._seen = set()
-        if self._poster is None or not self._outbox:
-            self._outbox = [] if self._poster is None else self._outbox
+        self._events = {key: ev for key, ev in self._events.items() if ev[1] > now}
+        if self._poster is None:
+            self._resolved = []
+            return
+        batch = [*firing, *self._resolved, *(payload for payload, _ in self._events.values())]
+        if not batch:
             return
         try:
-            self._poster(self._outbox)
+            self._poster(batch)
         except TemporaryError as error:
             self.send_errors += 1
             log.error("alertmanager unreachable; alerts kept for the next cycle", error=str(error))
-            self._outbox = self._outbox[-500:]  # bounded: events older than that are dropped
+            self._resolved = self._resolved[-UNSENT_RESOLUTIONS:]  # bounded: oldest dropped
             return
-        self._outbox = []
+        self._resolved = []

@@ -1,15 +1,22 @@
 """One evaluation cycle: fetch -> estimate (a_hat per unit, T_hat per replica) -> checks ->
-plan (pure, ``daemon.plan``) -> apply (``daemon.apply``) -> alert -> save.
+plan (pure, ``daemon.plan``) -> apply (``daemon.apply``) -> forget -> alert -> save.
+
+Replicas' admin calls run side by side (``daemon.replica_io``): a replica's table read and its
+effects are sent as soon as its plan is made, and the cycle waits for them no longer than its
+budget (``LOOP__CYCLE_BUDGET`` of the interval); a replica still unanswered then is that
+replica's problem this cycle. Planning and recording stay on the cycle's thread.
 
 Collaborators are injected (source, admin clients, alert sink, metrics, state store, clock,
-sleep) so tests drive the loop with fake time and real or in-process servers.
+sleep, replica I/O) so tests drive the loop with fake time and real or in-process servers.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from functools import partial
+from typing import Protocol, TypeVar
 
 import numpy as np
 import structlog
@@ -19,6 +26,7 @@ from tabletune.daemon import alerts as names
 from tabletune.daemon.alerts import Alert, AlertSink
 from tabletune.daemon.apply import AdminApi, apply_effects
 from tabletune.daemon.checks import Checks
+from tabletune.daemon.deadlines import CycleBudget, try_fits
 from tabletune.daemon.decide import Decision, Estimates
 from tabletune.daemon.estimation import UnitEstimator
 from tabletune.daemon.explore import replica_exploration
@@ -32,12 +40,15 @@ from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.daemon.outcomes import Outcomes
 from tabletune.daemon.plan import PlanInputs, estimates_moved, plan_replica
+from tabletune.daemon.presence import Presence
 from tabletune.daemon.profiles import PoolProfile, pool_for
+from tabletune.daemon.replica_io import ReplicaIo, Round
 from tabletune.daemon.retry import with_retries
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
 from tabletune.daemon.state import DaemonState, ReplicaRecord, StateStore, UnitRecord
 from tabletune.daemon.step_time import (
+    StepTimeEstimate,
     StepTimeEstimator,
     StepTimeLayout,
     StepTimeParams,
@@ -45,6 +56,7 @@ from tabletune.daemon.step_time import (
 from tabletune.errors import TableTuneError
 
 log = structlog.get_logger("tabletune.daemon")
+T = TypeVar("T")
 
 __all__ = ["AdminApi", "Controller", "CycleReport", "Source"]
 
@@ -53,6 +65,8 @@ class Source(Protocol):
     def collect(
         self, now: float, *, on_replica: Callable[[], bool] | None = None
     ) -> SourceResult: ...
+
+    def forget(self, replica: str) -> None: ...
 
 
 class Controller:
@@ -69,9 +83,12 @@ class Controller:
         metrics: DaemonMetrics,
         store: StateStore | None = None,
         clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
+        io: ReplicaIo | None = None,
         dry_run: bool = False,
     ) -> None:
+        """``sleep`` waits between admin retries (default: a wait that ends when the daemon
+        stops); ``io`` runs the replicas' admin calls side by side."""
         self.settings = settings
         self.source = source
         self.pools = tuple(pools)
@@ -80,7 +97,9 @@ class Controller:
         self.metrics = metrics
         self.store = store
         self.clock = clock
-        self.sleep = sleep
+        self._stop = threading.Event()
+        self.sleep = sleep or self._wait
+        self.io = io or ReplicaIo(workers=settings.loop.concurrency)
         self.dry_run = dry_run
         self.units: dict[str, UnitEstimator] = {}
         self.replicas: dict[str, ReplicaRuntime] = {}
@@ -93,9 +112,24 @@ class Controller:
         self._params = StepTimeParams(**settings.step_time.model_dump(exclude={"enabled", "shift"}))
         self.checks = Checks(settings, metrics, alerts)
         self.outcomes = Outcomes(settings, metrics, alerts)
-        self.stopping = False
+        self.presence = Presence(forget_after_s=settings.loop.forget_after_s)
         self.last_cycle_end: float | None = None
         self.last_evaluation: float | None = None
+
+    def _wait(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        """True (SIGTERM): waits for replicas and between retries end at once."""
+        if value:
+            self._stop.set()
+        else:
+            self._stop.clear()
 
     # ---- state ---------------------------------------------------------------------------
     def restore(self) -> None:
@@ -172,6 +206,11 @@ class Controller:
     # ---- the cycle -----------------------------------------------------------------------
     def run_cycle(self) -> CycleReport:
         now = self.clock()
+        budget = CycleBudget.of(
+            self.io.monotonic(),
+            interval_s=self.settings.loop.interval_s,
+            share=self.settings.loop.cycle_budget,
+        )
         report = CycleReport(started=now)
         checked: set[tuple[str, str]] = {("", "")}  # (replica, pool) scopes re-evaluated
         try:
@@ -187,8 +226,13 @@ class Controller:
             )
             self._finish(report, now, checked)
             return report
+        for replica in self._saved_replicas:  # restored, not seen yet: its clock starts
+            self.presence.seen(replica, now)
         for replica, problem in result.problems.items():
             report.problems[replica] = problem
+            self.presence.seen(replica, now)
+            if self.presence.forgotten(replica):
+                continue  # gone: no alert and no series until it has data again
             checked.add((replica, ""))
             self.metrics.stale.labels(replica).set(1)
             self.alerts.condition(
@@ -197,6 +241,7 @@ class Controller:
             )
         grouped: dict[str, list[tuple[ReplicaRuntime, Observation]]] = {}
         for obs in result.observations.values():
+            self.presence.data(obs.replica, now)
             rt = self._runtime(obs)
             if rt is None:
                 report.problems[obs.replica] = f"no profile for model {obs.model_name!r}"
@@ -212,6 +257,12 @@ class Controller:
                 checked.add((obs.replica, ""))
                 continue
             grouped.setdefault(self.unit_key(rt), []).append((rt, obs))
+        admin = self.io.round(
+            "admin",
+            deadline=budget.deadline,
+            patience_s=self.settings.admin.timeout_s,
+            stopped=lambda: self.stopping,
+        )
         for key, members in grouped.items():
             pool = members[0][0].pool
             unit = self._unit(key, pool)
@@ -234,7 +285,11 @@ class Controller:
                 checked.add((rt.replica, ""))
                 self.metrics.stale.labels(rt.replica).set(0)
                 report.observed.append(rt.replica)
-                self._replica_cycle(rt, obs, unit, rebuilt, now, report)
+                self._replica_cycle(rt, obs, unit, rebuilt, now, report, admin)
+        self._await_admin(admin, now, report)
+        named = {*result.problems, *result.observations}
+        for replica in self.presence.due(now, named=named):
+            self._forget(replica, now, report)
         self._finish(report, now, checked)
         return report
 
@@ -258,6 +313,7 @@ class Controller:
         rebuilt: bool,
         now: float,
         report: CycleReport,
+        admin: Round,
     ) -> None:
         rt.loads.add(obs)
         if obs.reset:
@@ -269,9 +325,26 @@ class Controller:
         estimate = rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma)
         self.checks.step_time(rt, obs.step_cells, now)
         client = self.admin_for(rt.admin_url)
-        view = self._current_view(rt, obs, client, now, report)
-        if view is None:
-            return
+        then = partial(
+            self._plan_and_apply, rt, obs, unit, rebuilt, now, report, admin, client, estimate
+        )
+        self._with_view(rt, obs, client, now, report, admin, then=then)
+
+    def _plan_and_apply(
+        self,
+        rt: ReplicaRuntime,
+        obs: Observation,
+        unit: UnitEstimator,
+        rebuilt: bool,
+        now: float,
+        report: CycleReport,
+        admin: Round,
+        client: AdminApi,
+        estimate: StepTimeEstimate,
+        view: TableView,
+    ) -> None:
+        """The rest of the replica's cycle once its table is known: plan, then send the
+        effects (their outcome is recorded when the answer comes)."""
         # The table that ran during the interval: ours from last cycle, else what we just read.
         sample = goodput_sample(rt.pool, rt.view or view, obs, unit.rates, now)
         if sample is not None:
@@ -339,31 +412,105 @@ class Controller:
             self._note_decision(rt, plan.decision, ratio, unit.rates, report)
         if not plan.effects:
             return
-        applied = apply_effects(rt.replica, plan.effects, view, client, call=self._call)
-        self.outcomes.record(rt, applied, now, report)
+        effects, call = plan.effects, partial(self._call, admin.deadline)
+        self._send(
+            admin,
+            rt,
+            lambda: apply_effects(rt.replica, effects, view, client, call=call),
+            done=lambda applied: self.outcomes.record(rt, applied, now, report),
+            failed=lambda error: self.outcomes.push_failed(rt, str(error), now, report),
+            now=now,
+            report=report,
+        )
 
-    def _current_view(
+    def _with_view(
         self,
         rt: ReplicaRuntime,
         obs: Observation,
         client: AdminApi,
         now: float,
         report: CycleReport,
-    ) -> TableView | None:
+        admin: Round,
+        *,
+        then: Callable[[TableView], None],
+    ) -> None:
         """Read the table only when ours may be out of date: first sight, a restart, a failed
         or refused push, or every refresh_s. Otherwise the view our last call returned stands
         (pushes carry If-Match, so a table changed behind our back still cannot be lost)."""
         stale = rt.view is None or now - rt.view_read_at >= self.settings.admin.refresh_s
         if not (stale or obs.reset or rt.needs_decision):
             assert rt.view is not None
-            return rt.view
-        try:
-            view = self._call(client.get_table, f"GET table {rt.replica}")
-        except TableTuneError as error:
-            self.outcomes.push_failed(rt, f"cannot read the table: {error}", now, report)
-            return None
-        rt.view_read_at = now
-        return view
+            then(rt.view)
+            return
+
+        def read(view: TableView) -> None:
+            rt.view_read_at = now
+            then(view)
+
+        self._send(
+            admin,
+            rt,
+            partial(self._call, admin.deadline, client.get_table, f"GET table {rt.replica}"),
+            done=read,
+            failed=lambda error: self.outcomes.push_failed(
+                rt, f"cannot read the table: {error}", now, report
+            ),
+            now=now,
+            report=report,
+            after_deadline=False,  # planning it then would run past the cycle's budget
+        )
+
+    def _send(
+        self,
+        admin: Round,
+        rt: ReplicaRuntime,
+        action: Callable[[], T],
+        *,
+        done: Callable[[T], None],
+        failed: Callable[[TableTuneError], None],
+        now: float,
+        report: CycleReport,
+        after_deadline: bool = True,
+    ) -> None:
+        """One admin request of the replica, alongside the others' (``_await_admin``)."""
+        if not admin.submit(
+            rt.replica, action, done=done, failed=failed, after_deadline=after_deadline
+        ):
+            why = "its previous admin call has not ended (the engine does not answer)"
+            self.outcomes.push_failed(rt, why, now, report)
+
+    def _await_admin(self, admin: Round, now: float, report: CycleReport) -> None:
+        """Handle the admin answers as they come, until the cycle's deadline. A replica that has
+        not answered for its timeout then failed this cycle; one whose call went out later, or
+        never (the daemon was behind), is simply decided again next cycle."""
+        left = admin.wait()
+        if self.stopping:
+            report.abandoned = report.abandoned or bool(left)
+            return
+        for replica in left.late:
+            budget = self.settings.loop.cycle_budget * self.settings.loop.interval_s
+            why = f"no answer within the cycle's budget ({budget:.3g} s)"
+            self.outcomes.push_failed(self.replicas[replica], why, now, report)
+        for replica in left.unjudged:
+            self.replicas[replica].needs_decision = True
+            report.deferred.append(replica)
+        if left.unjudged:
+            log.warning("admin calls left for the next cycle", replicas=len(left.unjudged))
+
+    def _forget(self, replica: str, now: float, report: CycleReport) -> None:
+        """The replica had no data for forget_after_s: its alerts resolve, its series, runtime
+        and saved records go, and its source starts afresh should it come back."""
+        log.info(
+            "replica forgotten", replica=replica, without_data_s=self.settings.loop.forget_after_s
+        )
+        self.alerts.forget(replica, now)
+        self.metrics.forget(replica)
+        self.replicas.pop(replica, None)
+        self._saved_replicas.pop(replica, None)
+        self.units.pop(replica, None)  # its own estimator unit (replica scope)
+        self._saved_units.pop(replica, None)
+        self.source.forget(replica)
+        report.forgotten.append(replica)
 
     def _adopt_view(self, rt: ReplicaRuntime, view: TableView) -> None:
         if view is rt.view:
@@ -399,7 +546,19 @@ class Controller:
         elif not decision.push:
             log.debug("no push", replica=rt.replica, reason=decision.reason)
 
-    def _call(self, action: Callable[[], TableView], what: str) -> TableView:
+    def _call(self, deadline: float, action: Callable[[], TableView], what: str) -> TableView:
+        """One admin request with the retry schedule, retried only while a try still fits
+        before the cycle's deadline and the daemon is not stopping (runs on a worker)."""
+
+        def may_wait(wait_s: float) -> bool:
+            now, attempt_s = self.io.monotonic(), self.settings.admin.timeout_s
+            fits = try_fits(now, wait_s=wait_s, attempt_s=attempt_s, deadline=deadline)
+            return fits and not self.stopping
+
         return with_retries(
-            action, what=what, backoffs_s=self.settings.admin.retry_backoffs_s, sleep=self.sleep
+            action,
+            what=what,
+            backoffs_s=self.settings.admin.retry_backoffs_s,
+            sleep=self.sleep,
+            may_wait=may_wait,
         )

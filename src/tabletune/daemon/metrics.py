@@ -115,6 +115,39 @@ class DaemonMetrics:
             self.step_time_ratio.labels(replica, k, batch).set(ratio)
         self._ratio_cells[replica] = set(current)
 
+    def forget(self, replica: str) -> None:
+        """Remove every series of the replica: each family labelled ``replica``, and the
+        acceptance families of its own estimator unit (``unit`` = the replica)."""
+        self._ranges.pop(replica, None)
+        self._ratio_cells.pop(replica, None)
+        for family, label in self.per_replica():
+            labelsets = {
+                tuple(sample.labels.values())  # in the family's label order
+                for metric in family.collect()
+                for sample in metric.samples
+                if sample.labels.get(label) == replica
+            }
+            for labelset in labelsets:
+                family.remove(*labelset)
+
+    def per_replica(self) -> list[tuple[Counter | Gauge, str]]:
+        """The families whose series belong to one replica, and the label that names it."""
+        by_replica: list[Counter | Gauge] = [
+            self.table_version,
+            self.range_k,
+            self.last_push,
+            self.pushes,
+            self.rollbacks,
+            self.predicted_gain,
+            self.step_time_ratio,
+            self.stale,
+            self.alerts,
+        ]
+        return [(f, "replica") for f in by_replica] + [
+            (self.acceptance, "unit"),
+            (self.acceptance_prior, "unit"),
+        ]
+
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
         return self.registry.get_sample_value(name, labels or {})
 

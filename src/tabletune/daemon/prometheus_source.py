@@ -112,6 +112,11 @@ class PrometheusSource:
         if self._owned is not None:
             self._owned.close()
 
+    def forget(self, replica: str) -> None:
+        """Stop naming the replica when Prometheus no longer has it (it comes back on its own
+        when its target does)."""
+        self._known.discard(replica)
+
     def _query(self, expr: str, at: float) -> list[dict[str, Any]]:
         try:
             result = self._api.custom_query(expr, params={"time": at, "timeout": SERVER_TIMEOUT})

@@ -49,4 +49,6 @@ class CycleReport:
     pushed: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     rolled_back: list[str] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)  # no data for forget_after_s
+    deferred: list[str] = field(default_factory=list)  # admin calls not sent in time: next cycle
     abandoned: bool = False

@@ -1,6 +1,7 @@
 """Building the daemon from settings and running it: APScheduler runs the cycle, a failed cycle
-is logged with its traceback and the loop goes on; SIGTERM finishes (or abandons) the cycle,
-saves the state and exits 0; systemd hears READY=1 and WATCHDOG=1."""
+is logged with its traceback and the loop goes on; SIGTERM abandons what the cycle still waits
+for (replicas' answers, retry waits), saves the state and exits 0; systemd hears READY=1 and
+WATCHDOG=1. One pool of worker threads and one HTTP connection pool serve every replica."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
 
+import httpx
 import structlog
 from apscheduler.schedulers.background import BackgroundScheduler
 
@@ -24,6 +26,7 @@ from tabletune.daemon.direct_source import DirectSource
 from tabletune.daemon.metrics import PREFIX, DaemonMetrics, MetricsServer
 from tabletune.daemon.profiles import load_pools
 from tabletune.daemon.prometheus_source import PrometheusSource
+from tabletune.daemon.replica_io import ReplicaIo
 from tabletune.daemon.sdnotify import Notifier
 from tabletune.daemon.settings import DaemonSettings, masked
 from tabletune.daemon.state import StateStore
@@ -58,8 +61,10 @@ class Daemon:
             self.controller.last_cycle_end = time.time()
             return None
         self.metrics.cycles.labels("ok").inc()
+        ended = self.controller.last_cycle_end or report.started
         log.info(
             "cycle done",
+            seconds=round(ended - report.started, 3),
             observed=len(report.observed),
             problems=report.problems,
             outage=report.outage,
@@ -67,6 +72,8 @@ class Daemon:
             pushed=report.pushed,
             failed=report.failed,
             rolled_back=report.rolled_back,
+            forgotten=report.forgotten,
+            deferred=len(report.deferred),
             abandoned=report.abandoned,
         )
         return report
@@ -85,6 +92,7 @@ def build_daemon(
     pools = load_pools(settings.profile)
     metrics = metrics or DaemonMetrics()
     closers: list[Callable[[], None]] = []
+    io = ReplicaIo(workers=settings.loop.concurrency)
     source: Source
     if settings.source.prometheus_url:
         prometheus = PrometheusSource(
@@ -98,7 +106,11 @@ def build_daemon(
                 "TABLETUNE_SOURCE__REPLICAS: give the replicas' base URLs (comma-separated), "
                 "or set TABLETUNE_SOURCE__PROMETHEUS_URL"
             )
-        direct = DirectSource(settings=settings.source)
+        direct = DirectSource(
+            settings=settings.source,
+            io=io,
+            budget_s=settings.loop.cycle_budget * settings.loop.interval_s,
+        )
         closers.append(direct.close)
         source = direct
     poster = None
@@ -116,22 +128,21 @@ def build_daemon(
         poster=poster,
         on_change=on_change,
     )
-    admins: dict[str, AdminClient] = {}
     token = own_token(
         settings.admin.token.get_secret_value() if settings.admin.token else None,
         settings.admin.token_file,
     )
+    # One connection pool for every replica's admin API (a client each cost ~0.8 MB).
+    pool = settings.loop.concurrency
+    admin_http = httpx.Client(
+        timeout=settings.admin.timeout_s,
+        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
+    )
+    closers.append(admin_http.close)
 
     def admin_for(url: str) -> AdminClient:
-        if url not in admins:
-            admins[url] = AdminClient(url, token=token, timeout_s=settings.admin.timeout_s)
-        return admins[url]
+        return AdminClient(url, token=token, http=admin_http)
 
-    def close_admins() -> None:
-        for client in admins.values():
-            client.close()
-
-    closers.append(close_admins)
     controller = Controller(
         settings=settings,
         source=source,
@@ -140,6 +151,7 @@ def build_daemon(
         alerts=alerts,
         metrics=metrics,
         store=StateStore(settings.state.dir),
+        io=io,
         dry_run=dry_run,
     )
     controller.restore()

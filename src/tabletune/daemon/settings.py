@@ -66,6 +66,26 @@ class LoopSettings(_Group):
     interval_s: float = Field(
         default=15.0, gt=0, description="seconds between two evaluations (cycles)"
     )
+    cycle_budget: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description=(
+            "share of the interval a cycle waits for replicas; a replica that has not answered "
+            "by then is that replica's problem this cycle"
+        ),
+    )
+    concurrency: int = Field(
+        default=16, ge=1, le=1024, description="replicas scraped or called at once"
+    )
+    forget_after_s: float = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "forget a replica without data this long: its alerts resolve, its series and "
+            "saved state go"
+        ),
+    )
 
 
 _S = "TABLETUNE_SOURCE__"  # for messages naming the variables
@@ -338,6 +358,11 @@ class AlertSettings(_Group):
     bearer_token: SecretStr | None = Field(default=None, description="Alertmanager bearer token")
     event_ttl_s: float = Field(
         default=900.0, gt=0, description="how long one-off alerts (shift, rollback) stay firing"
+    )
+    keep_events: int = Field(
+        default=1000,
+        ge=1,
+        description="one-off alerts re-sent every cycle until they end (the newest kept)",
     )
     timeout_s: float = Field(default=5.0, gt=0, description="Alertmanager timeout in seconds")
 
