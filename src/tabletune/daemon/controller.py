@@ -1,5 +1,6 @@
 """One evaluation cycle: fetch -> estimate (a_hat per unit, T_hat per replica) -> checks ->
-plan (pure, ``daemon.plan``) -> apply (``daemon.apply``) -> forget -> alert -> save.
+plan (pure, ``daemon.plan``) -> apply (``daemon.apply``) -> forget -> alert -> save; a
+replica's part, from its estimate to its effects, is ``daemon.replica_turn``.
 
 Replicas' admin calls run side by side (``daemon.replica_io``): a replica's table read and its
 effects are sent as soon as its plan is made, and the cycle waits for them no longer than its
@@ -15,43 +16,33 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Protocol, TypeVar
 
-import numpy as np
 import structlog
 
-from tabletune.admin.protocol import TableView
 from tabletune.daemon import alerts as names
 from tabletune.daemon.alerts import Alert, AlertSink
-from tabletune.daemon.apply import AdminApi, apply_effects
+from tabletune.daemon.apply import AdminApi
 from tabletune.daemon.checks import Checks
-from tabletune.daemon.deadlines import CycleBudget, try_fits
-from tabletune.daemon.decide import Decision, Estimates
+from tabletune.daemon.deadlines import CycleBudget
 from tabletune.daemon.estimation import UnitEstimator
-from tabletune.daemon.explore import replica_exploration
 from tabletune.daemon.guard import (
     GoodputHistory,
-    goodput_sample,
-    view_ranges,
 )
 from tabletune.daemon.loads import LoadTracker
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.daemon.outcomes import Outcomes
-from tabletune.daemon.plan import PlanInputs, estimates_moved, plan_replica
 from tabletune.daemon.presence import Presence
 from tabletune.daemon.profiles import PoolProfile, pool_for
-from tabletune.daemon.replica_io import ReplicaIo, Round
-from tabletune.daemon.retry import with_retries
+from tabletune.daemon.replica_io import ReplicaIo
+from tabletune.daemon.replica_turn import ReplicaTurn
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
 from tabletune.daemon.state import DaemonState, ReplicaRecord, StateStore, UnitRecord
 from tabletune.daemon.step_time import (
-    StepTimeEstimate,
     StepTimeEstimator,
     StepTimeLayout,
-    StepTimeParams,
 )
 from tabletune.errors import TableTuneError
 
@@ -109,9 +100,20 @@ class Controller:
             pool.name: StepTimeLayout(pool.step_times, pool.step_times.max_batch)
             for pool in self.pools
         }
-        self._params = StepTimeParams(**settings.step_time.model_dump(exclude={"enabled", "shift"}))
         self.checks = Checks(settings, metrics, alerts)
         self.outcomes = Outcomes(settings, metrics, alerts)
+        self.turn = ReplicaTurn(
+            settings=settings,
+            metrics=metrics,
+            checks=self.checks,
+            outcomes=self.outcomes,
+            io=self.io,
+            admin_for=admin_for,
+            replicas=self.replicas,
+            stop=self._stop,
+            sleep=self.sleep,
+            dry_run=dry_run,
+        )
         self.presence = Presence(forget_after_s=settings.loop.forget_after_s)
         self.last_cycle_end: float | None = None
         self.last_evaluation: float | None = None
@@ -285,8 +287,8 @@ class Controller:
                 checked.add((rt.replica, ""))
                 self.metrics.stale.labels(rt.replica).set(0)
                 report.observed.append(rt.replica)
-                self._replica_cycle(rt, obs, unit, rebuilt, now, report, admin)
-        self._await_admin(admin, now, report)
+                self.turn.start(rt, obs, unit, rebuilt, now, report, admin)
+        self.turn.await_admin(admin, now, report)
         named = {*result.problems, *result.observations}
         for replica in self.presence.due(now, named=named):
             self._forget(replica, now, report)
@@ -305,198 +307,6 @@ class Controller:
         self.metrics.cycle_seconds.set(self.last_cycle_end - now)
         self.metrics.last_cycle.set(self.last_cycle_end)
 
-    def _replica_cycle(
-        self,
-        rt: ReplicaRuntime,
-        obs: Observation,
-        unit: UnitEstimator,
-        rebuilt: bool,
-        now: float,
-        report: CycleReport,
-        admin: Round,
-    ) -> None:
-        rt.loads.add(obs)
-        if obs.reset:
-            rt.step_time.clear()  # the engine restarted, perhaps with other settings
-        step_time = self.settings.step_time
-        rt.step_time.add(
-            obs.step_cells, now, half_life_s=step_time.half_life_s, shift=step_time.shift
-        )
-        estimate = rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma)
-        self.checks.step_time(rt, obs.step_cells, now)
-        client = self.admin_for(rt.admin_url)
-        then = partial(
-            self._plan_and_apply, rt, obs, unit, rebuilt, now, report, admin, client, estimate
-        )
-        self._with_view(rt, obs, client, now, report, admin, then=then)
-
-    def _plan_and_apply(
-        self,
-        rt: ReplicaRuntime,
-        obs: Observation,
-        unit: UnitEstimator,
-        rebuilt: bool,
-        now: float,
-        report: CycleReport,
-        admin: Round,
-        client: AdminApi,
-        estimate: StepTimeEstimate,
-        view: TableView,
-    ) -> None:
-        """The rest of the replica's cycle once its table is known: plan, then send the
-        effects (their outcome is recorded when the answer comes)."""
-        # The table that ran during the interval: ours from last cycle, else what we just read.
-        sample = goodput_sample(rt.pool, rt.view or view, obs, unit.rates, now)
-        if sample is not None:
-            rt.history.add(sample)
-        restart = obs.reset or (rt.record.version is not None and view.version < rt.record.version)
-        if restart:
-            log.warning(
-                "replica restarted: counters or table version went back",
-                replica=rt.replica,
-                version=view.version,
-                known=rt.record.version,
-            )
-            rt.pending = None
-            rt.history.clear()
-        self._adopt_view(rt, view)
-        use_live = self.settings.step_time.enabled
-        ratio = estimate.ratio if use_live else np.ones_like(estimate.ratio)
-        step_time_moved, rates_moved = estimates_moved(
-            rt, ratio, unit.rates, replan_change=self.settings.decision.replan_change
-        )
-        plan = plan_replica(
-            rt,
-            PlanInputs(
-                view=view,
-                now=now,
-                restart=restart,
-                estimates=Estimates(
-                    step_times=estimate.step_times if use_live else rt.pool.step_times,
-                    rates=unit.rates,
-                    relative_sigma=(
-                        estimate.relative_sigma if use_live else rt.pool.relative_sigma
-                    ),
-                ),
-                load_weights=rt.loads.weights,
-                rates_moved=rebuilt and rates_moved,
-                # Before the first rebuild the estimate is the profile's prior: deciding from
-                # it at first sight repairs a bad starting table at once (where it runs k=0 the
-                # live counts come from exploration alone and the first rebuild takes minutes).
-                estimate_ready=unit.rebuilds > 0 or self.settings.decision.first_sight_from_prior,
-                step_time_moved=step_time_moved,
-                explore_ks=(
-                    replica_exploration(rt, view, estimate, unit.rates, self.settings)
-                    if use_live
-                    else None
-                ),
-            ),
-            settings=self.settings,
-            dry_run=self.dry_run,
-        )
-        if plan.verdict is not None and plan.verdict.outcome != "wait":
-            rt.pending = None
-            if plan.verdict.outcome != "drop":
-                log.info(
-                    "push guard passed",
-                    replica=rt.replica,
-                    outcome=plan.verdict.outcome,
-                    change=plan.verdict.change,
-                    samples=plan.verdict.samples,
-                )
-        if plan.held:
-            log.info(
-                "push held after a rollback", replica=rt.replica, for_s=round(rt.hold_until - now)
-            )
-        if plan.decision is not None:
-            self._note_decision(rt, plan.decision, ratio, unit.rates, report)
-        if not plan.effects:
-            return
-        effects, call = plan.effects, partial(self._call, admin.deadline)
-        self._send(
-            admin,
-            rt,
-            lambda: apply_effects(rt.replica, effects, view, client, call=call),
-            done=lambda applied: self.outcomes.record(rt, applied, now, report),
-            failed=lambda error: self.outcomes.push_failed(rt, str(error), now, report),
-            now=now,
-            report=report,
-        )
-
-    def _with_view(
-        self,
-        rt: ReplicaRuntime,
-        obs: Observation,
-        client: AdminApi,
-        now: float,
-        report: CycleReport,
-        admin: Round,
-        *,
-        then: Callable[[TableView], None],
-    ) -> None:
-        """Read the table only when ours may be out of date: first sight, a restart, a failed
-        or refused push, or every refresh_s. Otherwise the view our last call returned stands
-        (pushes carry If-Match, so a table changed behind our back still cannot be lost)."""
-        stale = rt.view is None or now - rt.view_read_at >= self.settings.admin.refresh_s
-        if not (stale or obs.reset or rt.needs_decision):
-            assert rt.view is not None
-            then(rt.view)
-            return
-
-        def read(view: TableView) -> None:
-            rt.view_read_at = now
-            then(view)
-
-        self._send(
-            admin,
-            rt,
-            partial(self._call, admin.deadline, client.get_table, f"GET table {rt.replica}"),
-            done=read,
-            failed=lambda error: self.outcomes.push_failed(
-                rt, f"cannot read the table: {error}", now, report
-            ),
-            now=now,
-            report=report,
-            after_deadline=False,  # planning it then would run past the cycle's budget
-        )
-
-    def _send(
-        self,
-        admin: Round,
-        rt: ReplicaRuntime,
-        action: Callable[[], T],
-        *,
-        done: Callable[[T], None],
-        failed: Callable[[TableTuneError], None],
-        now: float,
-        report: CycleReport,
-        after_deadline: bool = True,
-    ) -> None:
-        """One admin request of the replica, alongside the others' (``_await_admin``)."""
-        if not admin.submit(
-            rt.replica, action, done=done, failed=failed, after_deadline=after_deadline
-        ):
-            why = "its previous admin call has not ended (the engine does not answer)"
-            self.outcomes.push_failed(rt, why, now, report)
-
-    def _await_admin(self, admin: Round, now: float, report: CycleReport) -> None:
-        """Handle the admin answers as they come, until the cycle's deadline. A replica that has
-        not answered for its timeout then failed this cycle; one whose call went out later, or
-        never (the daemon was behind), is simply decided again next cycle."""
-        left = admin.wait()
-        if self.stopping:
-            report.abandoned = report.abandoned or bool(left)
-            return
-        for replica in left.late:
-            budget = self.settings.loop.cycle_budget * self.settings.loop.interval_s
-            why = f"no answer within the cycle's budget ({budget:.3g} s)"
-            self.outcomes.push_failed(self.replicas[replica], why, now, report)
-        for replica in left.unjudged:
-            self.replicas[replica].needs_decision = True
-            report.deferred.append(replica)
-        if left.unjudged:
-            log.warning("admin calls left for the next cycle", replicas=len(left.unjudged))
-
     def _forget(self, replica: str, now: float, report: CycleReport) -> None:
         """The replica had no data for forget_after_s: its alerts resolve, its series, runtime
         and saved records go, and its source starts afresh should it come back."""
@@ -511,54 +321,3 @@ class Controller:
         self._saved_units.pop(replica, None)
         self.source.forget(replica)
         report.forgotten.append(replica)
-
-    def _adopt_view(self, rt: ReplicaRuntime, view: TableView) -> None:
-        if view is rt.view:
-            return
-        rt.record.version = view.version
-        rt.view = view
-        current = view_ranges(view)
-        if current is not None:
-            self.metrics.set_table(rt.replica, current, view.version)
-
-    def _note_decision(
-        self,
-        rt: ReplicaRuntime,
-        decision: Decision,
-        ratio: np.ndarray,
-        rates: tuple[float, ...],
-        report: CycleReport,
-    ) -> None:
-        report.decisions[rt.replica] = decision
-        rt.needs_decision = False
-        rt.decided_ratio, rt.decided_rates = ratio, rates
-        if decision.gain is not None:
-            self.metrics.predicted_gain.labels(rt.replica).set(decision.gain)
-        if decision.push and self.dry_run:
-            log.info(
-                "dry run: would push",
-                replica=rt.replica,
-                reason=decision.reason,
-                old=decision.current,
-                new=decision.new,
-                gain=decision.gain,
-            )
-        elif not decision.push:
-            log.debug("no push", replica=rt.replica, reason=decision.reason)
-
-    def _call(self, deadline: float, action: Callable[[], TableView], what: str) -> TableView:
-        """One admin request with the retry schedule, retried only while a try still fits
-        before the cycle's deadline and the daemon is not stopping (runs on a worker)."""
-
-        def may_wait(wait_s: float) -> bool:
-            now, attempt_s = self.io.monotonic(), self.settings.admin.timeout_s
-            fits = try_fits(now, wait_s=wait_s, attempt_s=attempt_s, deadline=deadline)
-            return fits and not self.stopping
-
-        return with_retries(
-            action,
-            what=what,
-            backoffs_s=self.settings.admin.retry_backoffs_s,
-            sleep=self.sleep,
-            may_wait=may_wait,
-        )
