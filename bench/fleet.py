@@ -19,6 +19,7 @@ import httpx
 
 from bench.sim_scale import cpu_seconds, rss_mib
 from tabletune.admin.auth import OPEN_ENV, OPEN_LOOPBACK
+from tabletune.metric_names import VLLM_NAME_RELABEL
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "examples" / "sample-profile.json"
@@ -225,6 +226,50 @@ class Alertmanager:
         response.raise_for_status()
         alerts: list[dict[str, Any]] = response.json()
         return alerts
+
+
+@dataclass
+class Prometheus:
+    """A real Prometheus scraping ``targets`` ("host:port"); restarted on the same port and
+    database, as a restarted server would be."""
+
+    port: int
+    workdir: Path
+    targets: list[str]
+    scrape_interval: str = "2s"
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        config = self.workdir / "prometheus.yml"
+        job = {
+            "job_name": "vllm",
+            "static_configs": [{"targets": self.targets}],
+            "metric_relabel_configs": [VLLM_NAME_RELABEL],
+        }
+        settings = {"global": {"scrape_interval": self.scrape_interval}, "scrape_configs": [job]}
+        config.write_text(json.dumps(settings))  # JSON is YAML
+        with (self.workdir / "prometheus.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={self.workdir / 'prom-data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(lambda: answers(f"{self.url}/-/ready"), timeout_s=60, what="Prometheus")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
 
 
 def stamp(entry: dict[str, Any]) -> float:

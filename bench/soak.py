@@ -4,13 +4,15 @@ bench/results/soak.json.
 
 The engines run in groups of 40, one emulator process per group (``tabletune sim serve
 --ports A-B``, the demo's scenario); five groups run at a time and a sixth is out. The daemon
-scrapes all 240 addresses directly (the ones out refuse connections, as deleted pods do). A
-fault comes every ``--fault-every`` seconds, in turn:
+reads all 240 addresses (the ones out refuse connections, as deleted pods do) through a real
+Prometheus scraping them (``--source prometheus``, the default) or directly (``--source
+direct``). A fault comes every ``--fault-every`` seconds, in turn:
 
 - restarts: 10 running engines restart (10 s down; counters from zero, the starting table back);
 - hangs: 5 running engines answer /metrics and the admin API 30 s late, for 45 s;
 - churn: a running group leaves (its process killed) and the group that was out joins;
-- alertmanager: Alertmanager restarts (it keeps alerts in memory only).
+- alertmanager: Alertmanager restarts (it keeps alerts in memory only);
+- prometheus (Prometheus source only): Prometheus is down for 60 s, then back on its database.
 
 Judged: the daemon never exits nor fails a cycle; /healthz stays 200; its resident memory has
 no trend (a straight line fitted over the run, and over its second half, in MB per hour);
@@ -29,6 +31,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,13 +48,15 @@ from bench.fleet import (  # noqa: E402
     Alertmanager,
     Daemon,
     Emulator,
+    Prometheus,
     set_faults,
     start_daemon,
     start_emulator,
 )
 from bench.sim_scale import consecutive_free_ports  # noqa: E402
 
-FAULTS = ("restarts", "hangs", "churn", "alertmanager")
+FAULTS = ("restarts", "hangs", "churn", "alertmanager", "prometheus")
+PROMETHEUS_DOWN_S = 60.0
 
 
 @dataclass
@@ -143,20 +148,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=40)
     parser.add_argument("--groups", type=int, default=6, help="one of them out at a time")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--source", choices=("prometheus", "direct"), default="prometheus")
     args = parser.parse_args(argv)
+    faults = FAULTS if args.source == "prometheus" else FAULTS[:-1]
     rng = random.Random(args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="soak-"))
-    base = consecutive_free_ports(args.groups * args.group_size + 2)
+    base = consecutive_free_ports(args.groups * args.group_size + 3)
     fleet = Fleet(workdir, base, args.group_size, args.groups)
     am = Alertmanager(port=base + args.groups * args.group_size + 1, workdir=workdir)
     am.start()
     for group in range(args.groups - 1):
         fleet.start(group)
     out = args.groups - 1
+    prom: Prometheus | None = None
+    if args.source == "prometheus":
+        prom = Prometheus(
+            port=base + args.groups * args.group_size + 2,
+            workdir=workdir,
+            targets=[url.removeprefix("http://") for url in fleet.every_url],
+        )
+        prom.start()
+        source = {"SOURCE__PROMETHEUS_URL": prom.url}
+    else:
+        source = {"SOURCE__REPLICAS": ",".join(fleet.every_url)}
     daemon = start_daemon(
         workdir,
         base + args.groups * args.group_size,
-        SOURCE__REPLICAS=",".join(fleet.every_url),
+        **source,
         LOOP__INTERVAL_S=f"{args.interval:g}",
         LOOP__FORGET_AFTER_S=f"{args.forget_after:g}",
         ALERTS__ALERTMANAGER_URL=am.url,
@@ -168,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     left: list[dict[str, Any]] = []  # groups that left, checked once forgotten
     clear_at: list[tuple[float, list[str]]] = []
     next_fault = t0 + args.fault_every
+    prometheus_back_at: float | None = None
     turn = 0
     try:
         while time.time() < end and daemon.process.poll() is None:
@@ -178,13 +197,16 @@ def main(argv: list[str] | None = None) -> int:
                 for url in urls:
                     with contextlib.suppress(httpx.HTTPError):  # its group may have left
                         set_faults(url, clear=True)
+            if prom is not None and prometheus_back_at is not None and now >= prometheus_back_at:
+                prom.start()
+                prometheus_back_at = None
             for entry in left:
                 due = entry["left_at"] + args.forget_after + 3 * args.interval
                 if "after_forget" not in entry and now >= due:
                     entry["after_forget"] = about(daemon, am, set(entry["urls"]))
                     entry["checked_s_after_leaving"] = round(now - entry["left_at"], 1)
             if now >= next_fault:
-                kind = FAULTS[turn % len(FAULTS)]
+                kind = faults[turn % len(faults)]
                 turn += 1
                 event: dict[str, Any] = {"t_s": round(now - t0, 1), "fault": kind}
                 if kind == "restarts":
@@ -214,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     event.update(left=leaving, joined=out)
                     out = leaving
+                elif kind == "prometheus":
+                    assert prom is not None
+                    prom.stop()  # back PROMETHEUS_DOWN_S later; the sampling goes on
+                    prometheus_back_at = now + PROMETHEUS_DOWN_S
+                    event["down_s"] = PROMETHEUS_DOWN_S
                 else:
                     shifts_before = sum(
                         1
@@ -237,12 +264,15 @@ def main(argv: list[str] | None = None) -> int:
         final = rows[-1] if rows else {}
         peak = None if crashed else daemon.peak_rss_mib()
         stop_s, code = (None, daemon.process.returncode) if crashed else daemon.stop()
+        logged = Counter(str(e.get("event")) for e in daemon.events())
     finally:
         if daemon.process.poll() is None:
             daemon.process.kill()
         for group in list(fleet.running):
             fleet.stop(group)
         am.stop()
+        if prom is not None:
+            prom.stop()
     duration_s = time.time() - t0
     live = [r for r in rows if "rss_mib" in r]
     half = [r for r in live if r["t_s"] >= duration_s / 2]
@@ -259,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             "loop_interval_s": args.interval,
             "forget_after_s": args.forget_after,
             "fault_every_s": args.fault_every,
+            "source": args.source,
             "seed": args.seed,
         },
         "crashes": int(crashed),
@@ -283,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             e["after_forget"] == {"alertmanager_alerts": 0, "daemon_series": 0} for e in checked
         ),
         "faults": timeline,
+        # what the daemon did, from its JSON log (pushes, rollbacks, restarts seen, forgets)
+        "daemon_log_events": {name: logged[name] for name in sorted(logged) if logged[name]},
         "series": [
             {
                 k: r.get(k)
