@@ -137,6 +137,34 @@ def slope_mib_per_hour(rows: list[dict[str, Any]]) -> float | None:
     return float(np.polyfit(t, rss, 1)[0])
 
 
+# "RSS slope about 0", judged over the second half of the run (after warm-up): at 5 MiB an
+# hour the daemon would take over two days to grow from ~150 MiB to a 512 Mi container limit.
+RSS_SLOPE_GOAL_MIB_PER_HOUR = 5.0
+
+
+def goal(measured: Any, target: str, ok: bool) -> dict[str, Any]:
+    return {"measured": measured, "goal": target, "pass": bool(ok)}
+
+
+def soak_goals(payload: dict[str, Any]) -> dict[str, Any]:
+    slope = payload["rss_mib"]["slope_mib_per_hour_second_half"]
+    return {
+        "crashes": goal(payload["crashes"], "0", payload["crashes"] == 0),
+        "cycles_failed": goal(payload["cycles_failed"], "0", payload["cycles_failed"] == 0),
+        "healthz_not_200": goal(payload["healthz_not_200"], "0", payload["healthz_not_200"] == 0),
+        "rss_slope_second_half_mib_per_hour": goal(
+            slope,
+            f"|slope| <= {RSS_SLOPE_GOAL_MIB_PER_HOUR:g}",
+            slope is not None and abs(slope) <= RSS_SLOPE_GOAL_MIB_PER_HOUR,
+        ),
+        "left_groups_cleared_after_forget": goal(
+            payload["left_groups_cleared_after_forget"],
+            "alerts resolved and series gone for every group that left",
+            payload["left_groups_cleared_after_forget"],
+        ),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -331,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows[:: max(1, len(rows) // 400)]
         ],
     }
+    payload["goals"] = soak_goals(payload)
     path = write_result("soak", payload)
     print(
         json.dumps(
@@ -343,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                     "healthz_not_200",
                     "rss_mib",
                     "left_groups_cleared_after_forget",
+                    "goals",
                 )
             },
             indent=1,
