@@ -204,6 +204,61 @@ def bench_scale(replicas: int, cycles: int, interval_s: float) -> dict[str, Any]
     }
 
 
+TIMEOUT_S = 5.0  # SOURCE__TIMEOUT_S and ADMIN__TIMEOUT_S, their defaults
+SIGTERM_GOAL_S = 10.0
+CYCLE_GOAL_S = 2.0
+RSS_GOAL_MIB = 300.0
+
+
+def goal(measured: Any, target: str, ok: bool) -> dict[str, Any]:
+    return {"measured": measured, "goal": target, "pass": bool(ok)}
+
+
+def fleet_goals(payload: dict[str, Any]) -> dict[str, Any]:
+    """The issue's goals, judged from the figures the parts wrote."""
+    goals: dict[str, Any] = {}
+    faults = payload.get("faults")
+    if faults:
+        calm = next(c for c in faults if c["case"] == "none")["healthy_push_s_into_cycle_max"]
+        late_cases = [c for c in faults if c["case"] != "none"]
+        added = max(c["healthy_push_s_into_cycle_max"] for c in late_cases) - calm
+        goals["healthy_replicas_all_pushed"] = goal(
+            {c["case"]: f"{c['healthy_pushed']}/{c['healthy']}" for c in faults},
+            "every healthy replica, in every case",
+            all(c["healthy_pushed"] == c["healthy"] for c in faults),
+        )
+        goals["healthy_delay_added_s"] = goal(
+            round(added, 2), f"<= one timeout ({TIMEOUT_S:g} s)", added <= TIMEOUT_S
+        )
+        false_alerts = sum(
+            c["stale_alerts_about_healthy"] + c["push_failed_alerts_about_healthy"] for c in faults
+        )
+        goals["false_alerts_about_healthy"] = goal(false_alerts, "0", false_alerts == 0)
+        not_200 = sum(c["healthz_not_200"] for c in faults)
+        goals["healthz_not_200"] = goal(not_200, "0", not_200 == 0)
+    sigterms = [c["sigterm"] for c in faults or []]
+    if payload.get("scale"):
+        sigterms.append(payload["scale"]["sigterm"])
+    if sigterms:
+        worst = max(t["exit_s"] for t in sigterms)
+        goals["sigterm_exit_s_worst"] = goal(
+            round(worst, 2),
+            f"<= {SIGTERM_GOAL_S:g} s, exit 0, state saved",
+            worst <= SIGTERM_GOAL_S and all(t["exit_code"] == 0 and t["saved"] for t in sigterms),
+        )
+    scale = payload.get("scale")
+    if scale:
+        goals["scale_cycle_s_max"] = goal(
+            scale["max_cycle_s"], f"<= {CYCLE_GOAL_S:g} s", scale["max_cycle_s"] <= CYCLE_GOAL_S
+        )
+        goals["scale_peak_rss_mib"] = goal(
+            round(scale["peak_rss_mib"], 1),
+            f"<= {RSS_GOAL_MIB:g} MiB",
+            scale["peak_rss_mib"] <= RSS_GOAL_MIB,
+        )
+    return goals
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -234,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.part != "both" and earlier.exists():
         kept = json.loads(earlier.read_text(encoding="utf-8"))
         payload = {**{k: kept[k] for k in ("faults", "scale") if k in kept}, **payload}
+    payload["goals"] = fleet_goals(payload)
     print(f"wrote {write_result(args.out, payload)}")
     return 0
 
