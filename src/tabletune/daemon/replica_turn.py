@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
@@ -24,7 +25,7 @@ from tabletune.daemon.guard import goodput_sample, view_ranges
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation
 from tabletune.daemon.outcomes import Outcomes
-from tabletune.daemon.plan import PlanInputs, estimates_moved, plan_replica
+from tabletune.daemon.plan import PlanInputs, ReplicaPlan, estimates_moved, plan_replica
 from tabletune.daemon.replica_io import ReplicaIo, Round
 from tabletune.daemon.retry import with_retries
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
@@ -35,6 +36,21 @@ from tabletune.errors import TableTuneError
 log = structlog.get_logger("tabletune.daemon")
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One replica's part of one cycle: what it observed and what it is decided with."""
+
+    rt: ReplicaRuntime
+    obs: Observation
+    unit: UnitEstimator
+    rebuilt: bool  # the unit's a_hat was rebuilt this cycle
+    now: float
+    report: CycleReport
+    admin: Round
+    client: AdminApi
+    estimate: StepTimeEstimate
 
 
 class ReplicaTurn:
@@ -89,32 +105,22 @@ class ReplicaTurn:
         )
         estimate = rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma)
         self.checks.step_time(rt, obs.step_cells, now)
-        client = self.admin_for(rt.admin_url)
-        then = partial(
-            self._plan_and_apply, rt, obs, unit, rebuilt, now, report, admin, client, estimate
+        turn = Turn(
+            rt, obs, unit, rebuilt, now, report, admin, self.admin_for(rt.admin_url), estimate
         )
-        self._with_view(rt, obs, client, now, report, admin, then=then)
+        self._with_view(turn, then=partial(self._plan_and_apply, turn))
 
-    def _plan_and_apply(
-        self,
-        rt: ReplicaRuntime,
-        obs: Observation,
-        unit: UnitEstimator,
-        rebuilt: bool,
-        now: float,
-        report: CycleReport,
-        admin: Round,
-        client: AdminApi,
-        estimate: StepTimeEstimate,
-        view: TableView,
-    ) -> None:
+    def _plan_and_apply(self, turn: Turn, view: TableView) -> None:
         """The rest of the replica's cycle once its table is known: plan, then send the
         effects (their outcome is recorded when the answer comes)."""
+        rt, now, report = turn.rt, turn.now, turn.report
         # The table that ran during the interval: ours from last cycle, else what we just read.
-        sample = goodput_sample(rt.pool, rt.view or view, obs, unit.rates, now)
+        sample = goodput_sample(rt.pool, rt.view or view, turn.obs, turn.unit.rates, now)
         if sample is not None:
             rt.history.add(sample)
-        restart = obs.reset or (rt.record.version is not None and view.version < rt.record.version)
+        restart = turn.obs.reset or (
+            rt.record.version is not None and view.version < rt.record.version
+        )
         if restart:
             log.warning(
                 "replica restarted: counters or table version went back",
@@ -125,40 +131,57 @@ class ReplicaTurn:
             rt.pending = None
             rt.history.clear()
         self._adopt_view(rt, view)
+        inputs, ratio = self._plan_inputs(turn, view, restart)
+        plan = plan_replica(rt, inputs, settings=self.settings, dry_run=self.dry_run)
+        self._log_plan(rt, plan, now)
+        if plan.decision is not None:
+            self._note_decision(rt, plan.decision, ratio, turn.unit.rates, report)
+        if not plan.effects:
+            return
+        effects, call, client = plan.effects, partial(self._call, turn.admin.deadline), turn.client
+        self._send(
+            turn,
+            lambda: apply_effects(rt.replica, effects, view, client, call=call),
+            done=lambda applied: self.outcomes.record(rt, applied, now, report),
+            failed=lambda error: self.outcomes.push_failed(rt, str(error), now, report),
+        )
+
+    def _plan_inputs(
+        self, turn: Turn, view: TableView, restart: bool
+    ) -> tuple[PlanInputs, np.ndarray]:
+        """What the planner sees, and the live/profile step-time ratio it decides on."""
+        rt, unit, estimate = turn.rt, turn.unit, turn.estimate
         use_live = self.settings.step_time.enabled
         ratio = estimate.ratio if use_live else np.ones_like(estimate.ratio)
         step_time_moved, rates_moved = estimates_moved(
             rt, ratio, unit.rates, replan_change=self.settings.decision.replan_change
         )
-        plan = plan_replica(
-            rt,
-            PlanInputs(
-                view=view,
-                now=now,
-                restart=restart,
-                estimates=Estimates(
-                    step_times=estimate.step_times if use_live else rt.pool.step_times,
-                    rates=unit.rates,
-                    relative_sigma=(
-                        estimate.relative_sigma if use_live else rt.pool.relative_sigma
-                    ),
-                ),
-                load_weights=rt.loads.weights,
-                rates_moved=rebuilt and rates_moved,
-                # Before the first rebuild the estimate is the profile's prior: deciding from
-                # it at first sight repairs a bad starting table at once (where it runs k=0 the
-                # live counts come from exploration alone and the first rebuild takes minutes).
-                estimate_ready=unit.rebuilds > 0 or self.settings.decision.first_sight_from_prior,
-                step_time_moved=step_time_moved,
-                explore_ks=(
-                    replica_exploration(rt, view, estimate, unit.rates, self.settings)
-                    if use_live
-                    else None
-                ),
+        inputs = PlanInputs(
+            view=view,
+            now=turn.now,
+            restart=restart,
+            estimates=Estimates(
+                step_times=estimate.step_times if use_live else rt.pool.step_times,
+                rates=unit.rates,
+                relative_sigma=estimate.relative_sigma if use_live else rt.pool.relative_sigma,
             ),
-            settings=self.settings,
-            dry_run=self.dry_run,
+            load_weights=rt.loads.weights,
+            rates_moved=turn.rebuilt and rates_moved,
+            # Before the first rebuild the estimate is the profile's prior: deciding from it at
+            # first sight repairs a bad starting table at once (where it runs k=0 the live
+            # counts come from exploration alone and the first rebuild takes minutes).
+            estimate_ready=unit.rebuilds > 0 or self.settings.decision.first_sight_from_prior,
+            step_time_moved=step_time_moved,
+            explore_ks=(
+                replica_exploration(rt, view, estimate, unit.rates, self.settings)
+                if use_live
+                else None
+            ),
         )
+        return inputs, ratio
+
+    @staticmethod
+    def _log_plan(rt: ReplicaRuntime, plan: ReplicaPlan, now: float) -> None:
         if plan.verdict is not None and plan.verdict.outcome != "wait":
             rt.pending = None
             if plan.verdict.outcome != "drop":
@@ -173,37 +196,14 @@ class ReplicaTurn:
             log.info(
                 "push held after a rollback", replica=rt.replica, for_s=round(rt.hold_until - now)
             )
-        if plan.decision is not None:
-            self._note_decision(rt, plan.decision, ratio, unit.rates, report)
-        if not plan.effects:
-            return
-        effects, call = plan.effects, partial(self._call, admin.deadline)
-        self._send(
-            admin,
-            rt,
-            lambda: apply_effects(rt.replica, effects, view, client, call=call),
-            done=lambda applied: self.outcomes.record(rt, applied, now, report),
-            failed=lambda error: self.outcomes.push_failed(rt, str(error), now, report),
-            now=now,
-            report=report,
-        )
 
-    def _with_view(
-        self,
-        rt: ReplicaRuntime,
-        obs: Observation,
-        client: AdminApi,
-        now: float,
-        report: CycleReport,
-        admin: Round,
-        *,
-        then: Callable[[TableView], None],
-    ) -> None:
+    def _with_view(self, turn: Turn, *, then: Callable[[TableView], None]) -> None:
         """Read the table only when ours may be out of date: first sight, a restart, a failed
         or refused push, or every refresh_s. Otherwise the view our last call returned stands
         (pushes carry If-Match, so a table changed behind our back still cannot be lost)."""
+        rt, now = turn.rt, turn.now
         stale = rt.view is None or now - rt.view_read_at >= self.settings.admin.refresh_s
-        if not (stale or obs.reset or rt.needs_decision):
+        if not (stale or turn.obs.reset or rt.needs_decision):
             assert rt.view is not None
             then(rt.view)
             return
@@ -212,37 +212,34 @@ class ReplicaTurn:
             rt.view_read_at = now
             then(view)
 
+        get = partial(
+            self._call, turn.admin.deadline, turn.client.get_table, f"GET table {rt.replica}"
+        )
         self._send(
-            admin,
-            rt,
-            partial(self._call, admin.deadline, client.get_table, f"GET table {rt.replica}"),
+            turn,
+            get,
             done=read,
             failed=lambda error: self.outcomes.push_failed(
-                rt, f"cannot read the table: {error}", now, report
+                rt, f"cannot read the table: {error}", now, turn.report
             ),
-            now=now,
-            report=report,
             after_deadline=False,  # planning it then would run past the cycle's budget
         )
 
     def _send(
         self,
-        admin: Round,
-        rt: ReplicaRuntime,
+        turn: Turn,
         action: Callable[[], T],
         *,
         done: Callable[[T], None],
         failed: Callable[[TableTuneError], None],
-        now: float,
-        report: CycleReport,
         after_deadline: bool = True,
     ) -> None:
         """One admin request of the replica, alongside the others' (``await_admin``)."""
-        if not admin.submit(
-            rt.replica, action, done=done, failed=failed, after_deadline=after_deadline
+        if not turn.admin.submit(
+            turn.rt.replica, action, done=done, failed=failed, after_deadline=after_deadline
         ):
             why = "its previous admin call has not ended (the engine does not answer)"
-            self.outcomes.push_failed(rt, why, now, report)
+            self.outcomes.push_failed(turn.rt, why, turn.now, turn.report)
 
     def await_admin(self, admin: Round, now: float, report: CycleReport) -> None:
         """Handle the admin answers as they come, until the cycle's deadline. A replica that has
