@@ -501,6 +501,25 @@ def test_a_forgotten_replica_still_named_raises_no_new_alert() -> None:
     assert replica_series(rig, "r2") == []
 
 
+def test_a_source_outage_longer_than_the_ttl_forgets_nobody() -> None:
+    # The soak: Prometheus down 60 s with a 60 s TTL forgot all 200 running replicas.
+    rig = Rig(settings_with(LOOP__FORGET_AFTER_S="120"), replicas=("r1", "r2"))
+    rig.cycles(3)
+    rig.source.down = "Prometheus: connection refused"
+    assert all(r.outage for r in rig.cycles(10))  # 300 s blind
+    rig.source.down = None
+    rig.source.missing = {"r1", "r2"}  # back, but no window can be vouched for yet
+    reports = rig.cycles(2)
+    rig.source.missing = {"r2"}  # r1 has data again; r2 really left
+    reports += rig.cycles(10)
+    forgotten = [r.forgotten for r in reports]  # type: ignore[attr-defined]
+    assert [r for gone in forgotten for r in gone] == ["r2"]
+    # r2 went once the source had brought data for 120 s (4 cycles of 30 s from the third
+    # cycle back, when r1's data came), not at the first cycle back.
+    assert forgotten.index(["r2"]) == 5
+    assert "r1" in rig.controller.replicas
+
+
 def test_a_saved_replica_never_seen_again_is_dropped_after_the_ttl(tmp_path: Path) -> None:
     rig = Rig(settings_with(), replicas=("r1", "r2"), state_dir=tmp_path)
     rig.cycles(3)

@@ -220,6 +220,9 @@ class Controller:
         except TableTuneError as error:  # a source that failed as a whole
             result = SourceResult(observations={}, outage=str(error))
         report.outage = result.outage
+        # Forgetting needs evidence that the source works: a cycle without data from anyone
+        # does not count towards anyone's TTL.
+        self.presence.cycle(now, source_saw_any=bool(result.observations))
         if result.outage is not None:
             self.metrics.errors.labels("source").inc()
             self.alerts.condition(
