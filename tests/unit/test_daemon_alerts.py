@@ -88,22 +88,28 @@ def test_events_are_resent_until_they_end() -> None:
     assert len(sent) == 3 and sink.events == {}  # ended: no longer sent
 
 
-def test_unreachable_alertmanager_keeps_alerts_for_next_flush() -> None:
-    sent: list[list[dict[str, object]]] = []
-    down = True
+class FlakyAlertmanager:
+    """A poster that refuses while ``down`` and records what it is sent after."""
 
-    def poster(batch: list[dict[str, object]]) -> None:
-        if down:
+    def __init__(self) -> None:
+        self.down = True
+        self.sent: list[list[dict[str, object]]] = []
+
+    def __call__(self, batch: list[dict[str, object]]) -> None:
+        if self.down:
             raise TemporaryError("connection refused")
-        sent.append(batch)
+        self.sent.append(batch)
 
-    sink = AlertSink(settings=SETTINGS, condition_ttl_s=120, poster=poster)
+
+def test_unreachable_alertmanager_keeps_alerts_for_next_flush() -> None:
+    am = FlakyAlertmanager()
+    sink = AlertSink(settings=SETTINGS, condition_ttl_s=120, poster=am)
     sink.event(Alert(names.ROLLBACK, "rolled back", replica="r1"), 0.0)
     sink.flush(0.0)
     assert sink.send_errors == 1
-    down = False
+    am.down = False
     sink.flush(15.0)
-    assert [a["labels"]["alertname"] for a in sent[0]] == [names.ROLLBACK]  # type: ignore[index]
+    assert [a["labels"]["alertname"] for a in am.sent[0]] == [names.ROLLBACK]  # type: ignore[index]
 
 
 def test_client_posts_v2_with_auth() -> None:
@@ -143,23 +149,16 @@ def test_an_event_replaces_the_older_one_of_its_label_set_and_the_newest_are_kep
 
 
 def test_events_and_resolutions_wait_out_an_alertmanager_outage() -> None:
-    sent: list[list[dict[str, object]]] = []
-    down = True
-
-    def poster(batch: list[dict[str, object]]) -> None:
-        if down:
-            raise TemporaryError("connection refused")
-        sent.append(batch)
-
-    sink = AlertSink(settings=SETTINGS, condition_ttl_s=120, poster=poster)
+    am = FlakyAlertmanager()
+    sink = AlertSink(settings=SETTINGS, condition_ttl_s=120, poster=am)
     sink.condition(Alert(names.STALE_DATA, "no data", replica="r1"), 0.0)
     sink.event(Alert(names.TABLE_SHIFTED, "changed", replica="r2"), 0.0)
     sink.flush(0.0)
     sink.flush(15.0)  # r1's condition resolved while Alertmanager is down
-    down = False
+    am.down = False
     sink.flush(30.0)
     sink.flush(45.0)
-    first, second = sent
+    first, second = am.sent
     assert [(a["labels"]["alertname"], a["endsAt"]) for a in first] == [  # type: ignore[index]
         (names.STALE_DATA, "1970-01-01T00:00:15Z"),  # the resolution, delivered late
         (names.TABLE_SHIFTED, "1970-01-01T00:10:00Z"),
