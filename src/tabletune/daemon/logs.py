@@ -1,7 +1,8 @@
 """structlog set-up: one JSON object per line on stderr (journald and k8s keep it), tracebacks
 as structured fields; ``console`` for people at a terminal. Libraries that log through the
 standard library (APScheduler: missed runs, a job's exception) come out in the same format on
-the same stream."""
+the same stream, one whole record per write under one lock (the soak found a record of each
+kind on one line when the two paths wrote separately)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,19 @@ LEVELS = {
 }
 
 
-class _LibraryHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """The root logger's handler installed by ``configure`` (replaced when it runs again)."""
+class _LibraryHandler(logging.Handler):
+    """The root logger's handler installed by ``configure`` (replaced when it runs again).
+    It writes through structlog's writer for the same stream, so both share its lock."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__()
+        self._out = structlog.WriteLogger(stream)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._out.msg(self.format(record))
+        except Exception:  # a log record must never raise, as in StreamHandler.emit
+            self.handleError(record)
 
 
 def configure(*, level: str = "info", fmt: str = "json", stream: Any = None) -> None:
@@ -38,7 +50,8 @@ def configure(*, level: str = "info", fmt: str = "json", stream: Any = None) -> 
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *stamp, *tracebacks, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        # One write of record + newline per record (print would write the newline apart).
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
     handler = _LibraryHandler(stream)
