@@ -108,10 +108,23 @@ class Daemon:
         out = []
         for line in self.log_path.read_text(errors="replace").splitlines():
             if line.startswith("{"):
-                entry = json.loads(line)
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # counted by broken_log_lines
                 if not names or entry.get("event") in names:
                     out.append(entry)
         return out
+
+    def broken_log_lines(self) -> int:
+        """Lines of the JSON log that are not one JSON record (two records on a line, say)."""
+        broken = 0
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError:
+                broken += 1
+        return broken
 
     def cycles(self) -> list[dict[str, Any]]:
         return self.events("cycle done")

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -157,6 +158,9 @@ def soak_goals(payload: dict[str, Any]) -> dict[str, Any]:
             f"|slope| <= {RSS_SLOPE_GOAL_MIB_PER_HOUR:g}",
             slope is not None and abs(slope) <= RSS_SLOPE_GOAL_MIB_PER_HOUR,
         ),
+        "broken_log_lines": goal(
+            payload["broken_log_lines"], "0", payload["broken_log_lines"] == 0
+        ),
         "left_groups_cleared_after_forget": goal(
             payload["left_groups_cleared_after_forget"],
             "alerts resolved and series gone for every group that left",
@@ -178,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--source", choices=("prometheus", "direct"), default="prometheus")
     args = parser.parse_args(argv)
+    # SIGTERM ends the run like Ctrl-C: the engines, Prometheus and Alertmanager it started
+    # are stopped on the way out (a background job ignores SIGINT).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     faults = FAULTS if args.source == "prometheus" else FAULTS[:-1]
     rng = random.Random(args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="soak-"))
@@ -293,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         peak = None if crashed else daemon.peak_rss_mib()
         stop_s, code = (None, daemon.process.returncode) if crashed else daemon.stop()
         logged = Counter(str(e.get("event")) for e in daemon.events())
+        broken_log_lines = daemon.broken_log_lines()
     finally:
         if daemon.process.poll() is None:
             daemon.process.kill()
@@ -344,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         "faults": timeline,
         # what the daemon did, from its JSON log (pushes, rollbacks, restarts seen, forgets)
         "daemon_log_events": {name: logged[name] for name in sorted(logged) if logged[name]},
+        "broken_log_lines": broken_log_lines,
         "series": [
             {
                 k: r.get(k)
