@@ -1,8 +1,9 @@
 """The daemon with live step time on real vLLM 0.26 (+ the plugin), in ONE launch
 (``DRIVER=bench/gpu/live_daemon.py bash bench/gpu/live_step_time.sh``).
 
-Same server and traffic as live_step_time.py (128 closed-loop clients, prompts 16-96 tokens,
-outputs 300-700, contexts spread). Parts, in this order:
+Same server and traffic as live_step_time.py (128 closed-loop clients, lengths from a named shape
+of traffic.py: by default decode-heavy, prompts 16-96 tokens, outputs 300-700; contexts spread).
+Parts, in this order:
 
   fixed-k     references: fixed k=2 / k=3, ABBA, ROUNDS windows per arm
   bursts      table k=3, neighbour bursts (BURST_INTERVAL steps apart, BURST steps each): the
@@ -38,15 +39,14 @@ from live_step_time import (  # this script's folder is first on sys.path
     STATIC,
     TABLE_PATH,
     TIMING_OFF,
-    ClosedLoop,
-    Lengths,
     Row,
     abba,
     wait_ready,
 )
 from live_step_time import Run as StepTimeRun
+from traffic import SHAPES, TrafficShape, Uniform, add_traffic_arguments, checked_shape
 
-FIXED_LENGTHS = Lengths(prompt=(64, 64), output=(512, 512))
+FIXED_LENGTHS = TrafficShape("fixed", prompt=Uniform(64, 64), output=Uniform(512, 512))
 TIMING_ON = {"step_timing": True, "exploration_interval": 0, "hysteresis": 0,
              "neighbour_interval": 0}  # fmt: skip
 
@@ -151,8 +151,8 @@ async def run(args: argparse.Namespace) -> int:
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             **json.loads(args.meta),
             "clients": args.clients,
-            "lengths": {"prompt": Lengths().prompt, "output": Lengths().output},
-            "overhead_lengths": {"prompt": FIXED_LENGTHS.prompt, "output": FIXED_LENGTHS.output},
+            "lengths": SHAPES[args.shape].describe(),
+            "overhead_lengths": FIXED_LENGTHS.describe(),
             "window_s": args.window_s,
             "burst": {"interval": args.burst_interval, "steps": args.burst},
             "daemon": {
@@ -177,7 +177,7 @@ async def run(args: argparse.Namespace) -> int:
         return 1
     per_window = args.window_s + args.settle_s + 1.5
     parts = set(args.parts.split(","))
-    load = ClosedLoop(args.base, args.model, args.clients, seed=1, lengths=Lengths())
+    load = live.closed_loop(seed=1)
     await live.part("warmup", args.warmup_s, lambda: asyncio.sleep(args.warmup_s))
     arms = abba(("k2", "k3"), args.rounds)
     if "fixed-k" in parts:
@@ -189,7 +189,7 @@ async def run(args: argparse.Namespace) -> int:
         await live.part("daemon", args.daemon_s + 4 * per_window, live.daemon)
     await load.drain()
     if "overhead" in parts:
-        load = ClosedLoop(args.base, args.model, args.clients, seed=2, lengths=FIXED_LENGTHS)
+        load = live.closed_loop(seed=2, shape=FIXED_LENGTHS)
         await live.part("overhead", 6 * (args.overhead_window_s + 4) + 10, live.overhead)
         await load.drain()
     live.save()
@@ -224,7 +224,9 @@ def main() -> int:
     parser.add_argument("--overhead-window-s", type=float, default=8)
     parser.add_argument("--overhead-rounds", type=int, default=5)
     parser.add_argument("--parts", default="fixed-k,bursts,daemon,overhead")
+    add_traffic_arguments(parser)
     args = parser.parse_args()
+    checked_shape(parser, args)
     return asyncio.run(run(args))
 
 

@@ -1,8 +1,9 @@
 """Live step time on real vLLM 0.26 (+ the TableTune plugin), in ONE launch (live_step_time.sh).
 
-Closed-loop decode-heavy traffic (CLIENTS clients, prompts 16-96 tokens, outputs 300-700, drawn
-at random; each client's first request starts part-way through, so contexts are spread from the
-start). Parts, in this order (a later part never disturbs what an earlier one measured):
+Closed-loop traffic of CLIENTS clients, lengths drawn from a named shape (traffic.py; default
+decode-heavy: prompts 16-96 tokens, outputs 300-700, drawn at random; each client's first request
+starts part-way through, so contexts are spread from the start). Parts, in this order (a later
+part never disturbs what an earlier one measured):
 
   fixed-k     arms fixed k=2 / k=3 (PUT [[1,256,k]]), ABBA-rotated, ROUNDS x 2 windows: tokens/s
               from vllm:generation_tokens_total and the plugin's step cells over each window
@@ -25,11 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 import httpx
 from live_step_time_report import summarize  # this script's folder is first on sys.path
 from prometheus_client.parser import text_string_to_metric_families
+from traffic import SHAPES, ClosedLoop, Row, TrafficShape, add_traffic_arguments, checked_shape
 
 from tabletune import metric_names as names
 from tabletune.profiler.step_reading import CELL_SAMPLES, WITHOUT_DECODE
@@ -45,7 +45,6 @@ from tabletune.step_cells import CellKey, CellTotals, cells_to_wire, parse_cell_
 TABLE_PATH = "/tabletune/v1/table"
 SETTINGS_PATH = "/tabletune/v1/settings"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-Row = dict[str, Any]
 
 # vLLM's counters each window records (increases), by sample name.
 VLLM_COUNTERS = (
@@ -148,69 +147,7 @@ def abba(arms: tuple[str, str], rounds: int) -> list[str]:
     return [arm for r in range(rounds) for arm in ((first, second) if r % 2 == 0 else arms[::-1])]
 
 
-@dataclass(frozen=True)
-class Lengths:
-    """Request shape: prompt and output lengths drawn uniformly from these inclusive ranges."""
-
-    prompt: tuple[int, int] = (16, 96)
-    output: tuple[int, int] = (300, 700)
-
-
-def request_body(rng: random.Random, model: str, lengths: Lengths, *, first: bool) -> Row:
-    """One completion request of token ids (dummy weights: content does not matter). A client's
-    first request starts as if part of its output were already generated (in the prompt), so
-    the clients' contexts and end times are spread from the start."""
-    prompt_len = rng.randint(*lengths.prompt)
-    output = rng.randint(*lengths.output)
-    if first:
-        done = rng.randint(0, output - 1)
-        prompt_len, output = prompt_len + done, output - done
-    return {
-        "model": model,
-        "prompt": [rng.randrange(1000, 30000) for _ in range(prompt_len)],
-        "max_tokens": output,
-        "ignore_eos": True,
-        "temperature": 0.0,
-    }
-
-
 # -- talking to the server ----------------------------------------------------------------------
-
-
-class ClosedLoop:
-    """``clients`` closed-loop clients: each sends its next request when the last one ends."""
-
-    def __init__(self, base: str, model: str, clients: int, seed: int, lengths: Lengths) -> None:
-        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients)
-        self._http = httpx.AsyncClient(base_url=base, timeout=600, limits=limits)
-        self._model, self._seed, self._lengths = model, seed, lengths
-        self._stopping = False
-        self.sent = 0
-        self.failed = 0
-        self._tasks = [asyncio.create_task(self._client(i)) for i in range(clients)]
-
-    async def _client(self, index: int) -> None:
-        rng = random.Random(self._seed * 100_003 + index)
-        first = True
-        while not self._stopping:
-            body = request_body(rng, self._model, self._lengths, first=first)
-            first = False
-            self.sent += 1
-            try:
-                (await self._http.post("/v1/completions", json=body)).raise_for_status()
-            except httpx.HTTPError:
-                self.failed += 1
-                await asyncio.sleep(0.5)
-
-    async def drain(self, timeout_s: float = 60) -> None:
-        """No new requests; wait for every request in flight to finish (cancelled after
-        ``timeout_s``: a server that stopped answering must not hang the run)."""
-        self._stopping = True
-        _, late = await asyncio.wait(self._tasks, timeout=timeout_s)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._http.aclose()
 
 
 class Server:
@@ -276,7 +213,13 @@ class Run:
         self.result = result
         self.server = Server(args.base)
         self.deadline = time.monotonic() + args.budget_s
-        self.lengths = Lengths()
+        self.shape = SHAPES[args.shape]
+
+    def closed_loop(self, seed: int, shape: TrafficShape | None = None) -> ClosedLoop:
+        """The job's clients, sending requests of ``shape`` (default: the job's)."""
+        args = self.args
+        return ClosedLoop(args.base, args.model, args.clients, seed, shape or self.shape,
+                          max_model_len=args.max_model_len)  # fmt: skip
 
     def left_s(self) -> float:
         return self.deadline - time.monotonic()
@@ -369,7 +312,7 @@ async def run(args: argparse.Namespace) -> int:
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             **json.loads(args.meta),
             "clients": args.clients,
-            "lengths": {"prompt": Lengths().prompt, "output": Lengths().output},
+            "lengths": SHAPES[args.shape].describe(),
             "window_s": args.window_s,
             "settle_s": args.settle_s,
             "neighbour_interval": args.neighbour_interval,
@@ -390,13 +333,13 @@ async def run(args: argparse.Namespace) -> int:
         return 1
     result["meta"]["start_view"] = await live.server.view()
     window_part_s = args.window_s + args.settle_s + 1.5
-    load = ClosedLoop(args.base, args.model, args.clients, seed=1, lengths=live.lengths)
+    load = live.closed_loop(seed=1)
     await live.part("warmup", args.warmup_s, lambda: asyncio.sleep(args.warmup_s))
     await live.part("fixed-k", 2 * args.rounds * window_part_s, live.fixed_k)
     await live.part("neighbour", args.neighbour_window_s + args.settle_s + 3, live.neighbour)
     await live.part("counters", 30, lambda: live.counters(load))
     await load.drain()  # (already drained unless the counters part was skipped)
-    load = ClosedLoop(args.base, args.model, args.clients, seed=2, lengths=live.lengths)
+    load = live.closed_loop(seed=2)
     await live.part("overhead", 6 * window_part_s + args.warmup_s / 2, live.overhead)
     await load.drain()
     live.save()
@@ -424,7 +367,9 @@ def main() -> int:
     parser.add_argument("--neighbour-interval", type=int, default=16)
     parser.add_argument("--neighbour-window-s", type=float, default=15)
     parser.add_argument("--sync-interval-s", type=float, default=1.0)
+    add_traffic_arguments(parser)
     args = parser.parse_args()
+    checked_shape(parser, args)
     return asyncio.run(run(args))
 
 

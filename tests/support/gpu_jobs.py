@@ -17,10 +17,12 @@ GPU = ROOT / "bench" / "gpu"
 
 
 def load_gpu_module(name: str) -> ModuleType:
-    """``bench/gpu/<name>.py`` as a module (the folder is no package)."""
+    """``bench/gpu/<name>.py`` as a module (the folder is no package), registered under its
+    name: the folder's scripts import each other by name, and dataclasses look their module up."""
     spec = importlib.util.spec_from_file_location(name, GPU / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
