@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -124,10 +125,18 @@ def sample(daemon: Daemon, am: Alertmanager, t0: float) -> dict[str, Any]:
 
 
 def about(daemon: Daemon, am: Alertmanager, urls: set[str]) -> dict[str, int]:
-    """What Alertmanager and the daemon's /metrics still hold about ``urls``."""
-    alerts = [a for a in am.alerts() if a["labels"].get("replica") in urls]
-    series = [1 for _, labels, _ in daemon.metrics() if labels.get("replica") in urls]
+    """What Alertmanager and the daemon's /metrics still hold about ``urls``. A replica is
+    named by its URL when scraped directly, by its ``instance`` (host:port) through Prometheus."""
+    names = urls | {url.removeprefix("http://") for url in urls}
+    alerts = [a for a in am.alerts() if a["labels"].get("replica") in names]
+    series = [1 for _, labels, _ in daemon.metrics() if labels.get("replica") in names]
     return {"alertmanager_alerts": len(alerts), "daemon_series": len(series)}
+
+
+def event_kind(entry: dict[str, Any]) -> str:
+    """A log record's event with what varies per record (times, counts in parentheses) left
+    out, so a library's message counts as one kind."""
+    return re.sub(r"\([^()]*(\([^()]*\))?[^()]*\)", "(…)", str(entry.get("event")))
 
 
 def slope_mib_per_hour(rows: list[dict[str, Any]]) -> float | None:
@@ -181,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=6, help="one of them out at a time")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--source", choices=("prometheus", "direct"), default="prometheus")
+    parser.add_argument("--out", default="soak", help="result name in bench/results/")
     args = parser.parse_args(argv)
     # SIGTERM ends the run like Ctrl-C: the engines, Prometheus and Alertmanager it started
     # are stopped on the way out (a background job ignores SIGINT).
@@ -299,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         final = rows[-1] if rows else {}
         peak = None if crashed else daemon.peak_rss_mib()
         stop_s, code = (None, daemon.process.returncode) if crashed else daemon.stop()
-        logged = Counter(str(e.get("event")) for e in daemon.events())
+        logged = Counter(event_kind(e) for e in daemon.events())
         broken_log_lines = daemon.broken_log_lines()
     finally:
         if daemon.process.poll() is None:
@@ -369,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
     }
     payload["goals"] = soak_goals(payload)
-    path = write_result("soak", payload)
+    path = write_result(args.out, payload)
     print(
         json.dumps(
             {
