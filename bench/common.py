@@ -41,3 +41,8 @@ def write_result(name: str, payload: dict[str, Any], *, smoke: bool = False) -> 
     path = folder / (f"{name}_quick.json" if smoke else f"{name}.json")
     path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def goal(measured: Any, target: str, ok: bool) -> dict[str, Any]:
+    """One entry of a result's ``goals`` object."""
+    return {"measured": measured, "goal": target, "pass": bool(ok)}

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from bench.common import RESULTS, environment, write_result  # noqa: E402
+from bench.common import RESULTS, environment, goal, write_result  # noqa: E402
 from bench.fleet import Daemon, set_faults, stamp, start_daemon, start_emulator  # noqa: E402
 from bench.sim_scale import consecutive_free_ports  # noqa: E402
 
@@ -108,16 +108,7 @@ def fault_case(
             "case": name,
             "late_replicas": faulty if CASES[name] else [],
             "faults": CASES[name],
-            "cycles": [
-                {
-                    "seconds": e["seconds"],
-                    "observed": e["observed"],
-                    "problems": len(e["problems"]),
-                    "failed": len(e["failed"]),
-                    "pushed": len(e["pushed"]),
-                }
-                for e in done
-            ],
+            "cycles": [cycle_row(e) for e in done],
             "healthy_pushed": len({r for r, _ in pushes}),
             "healthy": len(healthy),
             "healthy_push_s_into_cycle_max": max(push_offsets, default=None),
@@ -135,6 +126,17 @@ def fault_case(
         }
     finally:
         emulator.stop()
+
+
+def cycle_row(entry: dict[str, Any]) -> dict[str, Any]:
+    """A 'cycle done' log record in the result: its time and how many replicas fared how."""
+    return {
+        "seconds": entry["seconds"],
+        "observed": entry["observed"],
+        "problems": len(entry["problems"]),
+        "failed": len(entry["failed"]),
+        "pushed": len(entry["pushed"]),
+    }
 
 
 def bench_faults(replicas: int, late: int, cycles: int, interval_s: float) -> list[dict[str, Any]]:
@@ -174,17 +176,7 @@ def bench_scale(replicas: int, cycles: int, interval_s: float) -> dict[str, Any]
     return {
         "replicas": replicas,
         "cycle_interval_s": interval_s,
-        "cycles": [
-            {
-                "seconds": e["seconds"],
-                "observed": e["observed"],
-                "problems": len(e["problems"]),
-                "pushed": len(e["pushed"]),
-                "failed": len(e["failed"]),
-                "deferred": e["deferred"],
-            }
-            for e in done
-        ],
+        "cycles": [{**cycle_row(e), "deferred": e["deferred"]} for e in done],
         "scrapes_left_for_next_cycle": sum(
             e["replicas"] for e in daemon_events if e["event"].startswith("scrapes left")
         ),
@@ -208,10 +200,6 @@ TIMEOUT_S = 5.0  # SOURCE__TIMEOUT_S and ADMIN__TIMEOUT_S, their defaults
 SIGTERM_GOAL_S = 10.0
 CYCLE_GOAL_S = 2.0
 RSS_GOAL_MIB = 300.0
-
-
-def goal(measured: Any, target: str, ok: bool) -> dict[str, Any]:
-    return {"measured": measured, "goal": target, "pass": bool(ok)}
 
 
 def fleet_goals(payload: dict[str, Any]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from bench.common import environment, write_result  # noqa: E402
+from bench.common import environment, goal, write_result  # noqa: E402
 from bench.fleet import (  # noqa: E402
     Alertmanager,
     Daemon,
@@ -150,10 +150,6 @@ def slope_mib_per_hour(rows: list[dict[str, Any]]) -> float | None:
 # "RSS slope about 0", judged over the second half of the run (after warm-up): at 5 MiB an
 # hour the daemon would take over two days to grow from ~150 MiB to a 512 Mi container limit.
 RSS_SLOPE_GOAL_MIB_PER_HOUR = 5.0
-
-
-def goal(measured: Any, target: str, ok: bool) -> dict[str, Any]:
-    return {"measured": measured, "goal": target, "pass": bool(ok)}
 
 
 def soak_goals(payload: dict[str, Any]) -> dict[str, Any]:
