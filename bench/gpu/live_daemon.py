@@ -87,8 +87,19 @@ class Run(StepTimeRun):
         await self.server.put(SETTINGS_PATH, STATIC)
 
     async def daemon(self) -> None:
+        start = json.loads(self.args.start_table)
+        self.result["daemon_table"] = await self.run_daemon("daemon", start, self.args.daemon_s)
+        self.save()
+        await self.fixed("after-daemon", ["k2", "daemon", "k3"], self.args.window_s)
+
+    async def run_daemon(
+        self, part: str, start_table: list[list[int]], seconds: float
+    ) -> list[list[int]]:
+        """``start_table`` put in, then ``tabletune daemon`` (direct scrape, live step time) for
+        ``seconds``, windows of tokens/s meanwhile; the daemon stopped (SIGTERM), its last table
+        returned. The state directory is kept across calls (what it learnt stays)."""
         await self.server.put(SETTINGS_PATH, STATIC)
-        await self.put_table(json.loads(self.args.start_table))
+        await self.put_table(start_table)
         state = Path(self.args.work) / "daemon-state"
         state.mkdir(parents=True, exist_ok=True)
         env = {
@@ -100,7 +111,8 @@ class Run(StepTimeRun):
             "TABLETUNE_SERVER__PORT": "0",
             "TABLETUNE_LOG__FORMAT": "json",
         }
-        log = open(Path(self.args.work) / "daemon.log", "w")  # noqa: SIM115 (closed below)
+        log_path = Path(self.args.work) / f"daemon-{part}.log"
+        log = open(log_path, "w")  # noqa: SIM115 (closed below)
         daemon = subprocess.Popen(
             [sys.executable, "-m", "tabletune.cli.main", "daemon"],
             env=env,
@@ -110,8 +122,8 @@ class Run(StepTimeRun):
         started = time.monotonic()
         try:
             index = 0
-            while time.monotonic() - started < self.args.daemon_s:
-                row = await self.window("daemon", "live", index, self.args.window_s)
+            while time.monotonic() - started < seconds:
+                row = await self.window(part, "live", index, self.args.window_s)
                 row["since_daemon_start_s"] = round(time.monotonic() - started, 1)
                 index += 1
         finally:
@@ -122,12 +134,9 @@ class Run(StepTimeRun):
                 daemon.kill()
             log.close()
         view = await self.server.view()
-        self.result["daemon_table"] = view["table"]
-        self.result["daemon_log_tail"] = (
-            (Path(self.args.work) / "daemon.log").read_text().splitlines()[-60:]
-        )
-        self.save()
-        await self.fixed("after-daemon", ["k2", "daemon", "k3"], self.args.window_s)
+        tail = log_path.read_text().splitlines()[-60:]
+        self.result.setdefault("daemon_log_tails", {})[part] = tail
+        return list(view["table"])
 
     async def overhead(self) -> None:
         await self.put_table([[1, self.args.max_num_seqs, 3]])

@@ -215,11 +215,14 @@ class Run:
         self.deadline = time.monotonic() + args.budget_s
         self.shape = SHAPES[args.shape]
 
-    def closed_loop(self, seed: int, shape: TrafficShape | None = None) -> ClosedLoop:
-        """The job's clients, sending requests of ``shape`` (default: the job's)."""
+    def closed_loop(
+        self, seed: int, shape: TrafficShape | None = None, clients: int | None = None
+    ) -> ClosedLoop:
+        """The job's clients (or ``clients``), sending requests of ``shape`` (default: the
+        job's)."""
         args = self.args
-        return ClosedLoop(args.base, args.model, args.clients, seed, shape or self.shape,
-                          max_model_len=args.max_model_len)  # fmt: skip
+        return ClosedLoop(args.base, args.model, clients or args.clients, seed,
+                          shape or self.shape, max_model_len=args.max_model_len)  # fmt: skip
 
     def left_s(self) -> float:
         return self.deadline - time.monotonic()

@@ -99,10 +99,12 @@ LONG_CONTEXT = TrafficShape("long-context", prompt=Uniform(2000, 4000), output=U
 SHAPES = {shape.name: shape for shape in (DECODE_HEAVY, CHAT_LIKE, LONG_CONTEXT)}
 
 
-def add_traffic_arguments(parser: argparse.ArgumentParser) -> None:
-    """The drivers' traffic options: ``--shape`` (default decode-heavy) and the engine's
+def add_traffic_arguments(
+    parser: argparse.ArgumentParser, *, default_shape: str = DECODE_HEAVY.name
+) -> None:
+    """The drivers' traffic options: ``--shape`` (default ``default_shape``) and the engine's
     ``--max-model-len`` (live_step_time.sh launches vLLM with 4096)."""
-    parser.add_argument("--shape", choices=sorted(SHAPES), default=DECODE_HEAVY.name,
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=default_shape,
                         help="request lengths (bench/gpu/traffic.py)")  # fmt: skip
     parser.add_argument("--max-model-len", type=int, default=4096,
                         help="the engine's; prompt + output never exceed it")  # fmt: skip

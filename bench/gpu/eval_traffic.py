@@ -1,0 +1,181 @@
+"""Every way of choosing k under one traffic shape, at several loads, in ONE launch of real
+vLLM 0.26 (+ the TableTune plugin): ``DRIVER=bench/gpu/eval_traffic.py
+REPORT=bench/gpu/eval_traffic_report.py bash bench/gpu/live_step_time.sh`` (eval_traffic.sh).
+
+Closed-loop clients send requests whose lengths come from a named shape (traffic.py; chat-like by
+default: prompts lognormal around 600 tokens, outputs around 250; contexts spread from the start).
+For each load (a number of clients, in the order given), in turn:
+
+  warm-up   the load's clients start (the previous load's drained first)
+  daemon    the documented table shrunk to a quarter put in, then ``tabletune daemon`` (direct
+            scrape, live step time, the measured profile as its prior) for DAEMON_S seconds:
+            windows of tokens/s (its convergence); then stopped, its last table kept as the
+            ``daemon`` arm (its steady state, without the exploration it did meanwhile)
+  arms      k0 (no drafting), k1..k3 fixed, vLLM's documented table, the measured table (the
+            profile's), the daemon's table: ROUNDS windows each, round r rotated by r places and
+            every other round reversed, so no arm keeps a place in the order
+
+Every window is a raw row as in live_step_time.py (vLLM's counter increases, the plugin's step
+cells, the mean number of running requests = the effective B, the view). The JSON is rewritten
+after every part; a load that no longer fits the budget is skipped and recorded.
+eval_traffic_report.py turns it into bench/results/eval_traffic_<shape>_h200.json and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from live_daemon import Run as DaemonRun  # this script's folder is first on sys.path
+from live_step_time import SETTINGS_PATH, STATIC, Row, wait_ready
+from traffic import SHAPES, add_traffic_arguments, checked_shape
+
+from tabletune.schemas import DOCUMENTED_EAGLE_TABLE
+
+PROFILE = "profiles/h200-qwen3-4b-eagle3-inflight"  # the fast profiler's, H200 2026-11-30
+QUARTER_DOCUMENTED = [[1, 16, 3], [17, 32, 1], [33, 256, 0]]
+
+
+def rotations(arms: list[str], rounds: int) -> list[str]:
+    """Round r is ``arms`` rotated by r places, reversed when r is odd: over two rounds every
+    arm's mean place is the same, so a drift in the machine favours none."""
+    out: list[str] = []
+    for r in range(rounds):
+        shift = r % len(arms)
+        order = arms[shift:] + arms[:shift]
+        out.extend(reversed(order) if r % 2 else order)
+    return out
+
+
+def documented_table(max_num_seqs: int) -> list[list[int]]:
+    """vLLM's documented EAGLE table, cut at the engine's max_num_seqs."""
+    return [
+        [start, min(end, max_num_seqs), k]
+        for start, end, k in DOCUMENTED_EAGLE_TABLE
+        if start <= max_num_seqs
+    ]
+
+
+def read_table(path: str) -> list[list[int]]:
+    """The ranges of a table file as ``tabletune solve`` writes it ({"ranges": [...]})."""
+    return [list(r) for r in json.loads(Path(path).read_text())["ranges"]]
+
+
+class Run(DaemonRun):
+    """The loads in turn; the arms' tables are fixed except the daemon's, set per load."""
+
+    @property
+    def measured_table(self) -> list[list[int]]:
+        return read_table(self.args.measured_table)
+
+    def arm_tables(self, daemon_table: list[list[int]]) -> dict[str, list[list[int]]]:
+        top = self.args.max_num_seqs
+        return {
+            **{f"k{k}": [[1, top, k]] for k in range(4)},
+            "documented": documented_table(top),
+            "measured": self.measured_table,
+            "daemon": daemon_table,
+        }
+
+    async def one_load(self, clients: int) -> None:
+        part = f"B{clients}"
+        load = self.closed_loop(seed=clients, clients=clients)
+        try:
+            await asyncio.sleep(self.args.warmup_s)
+            start = json.loads(self.args.start_table)
+            daemon_table = await self.run_daemon(f"{part}-daemon", start, self.args.daemon_s)
+            self.result.setdefault("daemon_tables", {})[part] = daemon_table
+            self.save()
+            tables = self.arm_tables(daemon_table)
+            await self.server.put(SETTINGS_PATH, STATIC)
+            for index, arm in enumerate(rotations(list(tables), self.args.rounds)):
+                await self.put_table(tables[arm])
+                await asyncio.sleep(self.args.settle_s)
+                await self.window(f"{part}-arms", arm, index, self.args.window_s)
+        finally:
+            await load.drain()
+
+    def load_needs_s(self) -> float:
+        arms = 7 * self.args.rounds * (self.args.window_s + self.args.settle_s + 0.5)
+        daemon = self.args.daemon_s + self.args.window_s + 3
+        return self.args.warmup_s + daemon + arms + 10
+
+
+async def run(args: argparse.Namespace) -> int:
+    result: Row = {
+        "meta": {
+            "what": "every way of choosing k under one traffic shape, several loads, one launch",
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            **json.loads(args.meta),
+            "shape": args.shape,
+            "lengths": SHAPES[args.shape].describe(),
+            "loads": [int(c) for c in args.loads.split(",")],
+            "window_s": args.window_s,
+            "settle_s": args.settle_s,
+            "rounds": args.rounds,
+            "measured_table": {
+                "path": args.measured_table,
+                "ranges": read_table(args.measured_table),
+            },
+            "daemon": {
+                "cycle_s": args.daemon_cycle_s,
+                "run_s": args.daemon_s,
+                "profile": args.profile,
+                "start_table": json.loads(args.start_table),
+            },
+        },
+        "windows": [],
+        "errors": [],
+        "skipped": [],
+        "durations_s": {},
+    }
+    live = Run(args, result)
+    started = time.monotonic()
+    ready = await wait_ready(args.base, args.pid, min(300, live.left_s()))
+    result["meta"]["startup_s"] = round(time.monotonic() - started + args.started_s, 1)
+    if not ready:
+        result["errors"].append({"part": "start", "error": "vLLM did not become ready"})
+        live.save()
+        return 1
+    for clients in result["meta"]["loads"]:
+        await live.part(f"B{clients}", live.load_needs_s(), lambda c=clients: live.one_load(c))
+    live.save()
+    print(f"wrote {args.out}", flush=True)
+    return 0 if not result["errors"] else 2
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default="qwen3-4b")
+    parser.add_argument("--pid", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--meta", default="{}")
+    parser.add_argument("--budget-s", type=float, default=380)
+    parser.add_argument("--started-s", type=float, default=0)
+    parser.add_argument("--sync-interval-s", type=float, default=1.0)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--loads", default="128,192,64", help="clients per load, in this order")
+    parser.add_argument("--warmup-s", type=float, default=6)
+    parser.add_argument("--window-s", type=float, default=6)
+    parser.add_argument("--settle-s", type=float, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--profile", default=f"{PROFILE}.json", help="the daemon's prior")
+    parser.add_argument("--measured-table", default=f"{PROFILE}.table.json",
+                        help="the profile's table file (tabletune solve's output)")  # fmt: skip
+    parser.add_argument("--start-table", default=json.dumps(QUARTER_DOCUMENTED))
+    parser.add_argument("--daemon-cycle-s", type=float, default=3)
+    parser.add_argument("--daemon-s", type=float, default=36)
+    parser.add_argument("--work", default="/tmp")
+    add_traffic_arguments(parser, default_shape="chat-like")
+    args = parser.parse_args()
+    checked_shape(parser, args)
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

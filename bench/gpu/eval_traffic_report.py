@@ -1,0 +1,164 @@
+"""bench/gpu/eval_traffic.py's JSON -> bench/results/eval_traffic_<shape>_h200.json (+ PNG).
+
+Per load: tokens/s of every arm (mean, the spread of its repeated windows), the best fixed k
+(k=0..3, by mean), each arm's loss against it, and whether that loss is a result: only a loss
+larger than the spread of the repeated same-arm windows (the largest relative range of the two
+arms compared) counts. The daemon's convergence windows and the table it ended with. Goals
+(issue 16): the daemon's worst-load loss <= 3 % (<= 1.5 % decode-heavy); the Nightjar-style
+comparison and the shape change are reported as not run when they were not.
+
+    .venv/bin/python bench/gpu/eval_traffic_report.py RAW.json [--out OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import goal  # noqa: E402
+
+Row = dict[str, Any]
+FIXED = ("k0", "k1", "k2", "k3")
+
+
+def arm_summary(values: list[float], running: list[float]) -> Row:
+    mean = statistics.fmean(values)
+    return {
+        "tokens_per_s": [round(v, 1) for v in values],
+        "mean": round(mean, 1),
+        "relative_range": round((max(values) - min(values)) / mean, 4) if mean else None,
+        "mean_running": round(statistics.fmean(running), 1) if running else None,
+    }
+
+
+def load_report(raw: Row, part: str) -> Row | None:
+    windows = [w for w in raw["windows"] if w["part"] == f"{part}-arms"]
+    if not windows:
+        return None
+    arms: dict[str, Row] = {}
+    for arm in dict.fromkeys(w["arm"] for w in windows):
+        mine = [w for w in windows if w["arm"] == arm]
+        running = [w["mean_running"] for w in mine if w["mean_running"] is not None]
+        arms[arm] = arm_summary([w["tokens_per_s"] for w in mine], running)
+    fixed = {arm: arms[arm] for arm in FIXED if arm in arms}
+    best = max(fixed, key=lambda arm: fixed[arm]["mean"])
+    for name, arm in arms.items():
+        arm["loss_vs_best_fixed_k"] = round(1.0 - arm["mean"] / fixed[best]["mean"], 4)
+        spread = max(arm["relative_range"] or 0.0, fixed[best]["relative_range"] or 0.0)
+        arm["spread_judged_against"] = spread
+        arm["loss_is_a_result"] = name != best and abs(arm["loss_vs_best_fixed_k"]) > spread
+    convergence = [
+        {
+            "since_daemon_start_s": w.get("since_daemon_start_s"),
+            "tokens_per_s": round(w["tokens_per_s"], 1),
+            "mean_running": w["mean_running"],
+            "table": w["view"]["table"] if w.get("view") else None,
+        }
+        for w in raw["windows"]
+        if w["part"] == f"{part}-daemon"
+    ]
+    return {
+        "effective_batch": round(
+            statistics.fmean(a["mean_running"] for a in arms.values() if a["mean_running"]), 1
+        ),
+        "best_fixed_k": best,
+        "arms": arms,
+        "daemon_table": raw.get("daemon_tables", {}).get(part),
+        "daemon_convergence": convergence,
+    }
+
+
+def not_run(target: str, why: str) -> Row:
+    return {"measured": None, "goal": target, "pass": None, "note": why}
+
+
+def report(raw: Row) -> Row:
+    meta = raw["meta"]
+    loads = {f"B{c}": load_report(raw, f"B{c}") for c in meta["loads"]}
+    measured = {name: r for name, r in loads.items() if r is not None}
+    worst = max((r["arms"]["daemon"]["loss_vs_best_fixed_k"] for r in measured.values()
+                 if "daemon" in r["arms"]), default=None)  # fmt: skip
+    bound = 0.015 if meta["shape"] == "decode-heavy" else 0.03
+    spreads = [r["arms"]["daemon"]["spread_judged_against"] for r in measured.values()
+               if "daemon" in r["arms"]]  # fmt: skip
+    return {
+        "meta": meta,
+        "loads": loads,
+        "goals": {
+            "daemon_worst_load_loss": {
+                **goal(worst, f"<= {bound:.1%}", worst is not None and worst <= bound),
+                "largest_same_arm_spread": max(spreads, default=None),
+                "judgeable": bool(spreads) and max(spreads) < bound,
+            },
+            "nightjar_style_loss_3x_daemon": not_run(
+                ">= 3x the daemon's", "not run on the GPU: the bandit runs in the emulator only"
+            ),
+            "shape_change": not_run(
+                "new table <= 60 s, >= 95 % of the gap in 90 s", "not run in this launch"
+            ),
+        },
+        "errors": raw["errors"],
+        "skipped": raw["skipped"],
+        "durations_s": raw["durations_s"],
+    }
+
+
+def plot(result: Row, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loads = {name: r for name, r in result["loads"].items() if r is not None}
+    if not loads:
+        return
+    arms = list(next(iter(loads.values()))["arms"])
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
+        xs = [j + i * width for j in range(len(loads))]
+        means = [r["arms"][arm]["mean"] if arm in r["arms"] else 0 for r in loads.values()]
+        lows = [m - min(r["arms"][arm]["tokens_per_s"]) if arm in r["arms"] else 0
+                for m, r in zip(means, loads.values(), strict=True)]  # fmt: skip
+        highs = [max(r["arms"][arm]["tokens_per_s"]) - m if arm in r["arms"] else 0
+                 for m, r in zip(means, loads.values(), strict=True)]  # fmt: skip
+        ax.bar(xs, means, width, yerr=[lows, highs], label=arm, capsize=2)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(loads))])
+    ax.set_xticklabels([f"{n} (B~{r['effective_batch']:.0f})" for n, r in loads.items()])
+    ax.set_ylabel("tokens/s (bars: min..max of repeated windows)")
+    meta = result["meta"]
+    ax.set_title(f"{meta['shape']} traffic, {meta.get('device', '?')}, vLLM "
+                 f"{meta.get('engine_version', '?')}, {meta['date'][:10]}", fontsize=9)  # fmt: skip
+    ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    raw = json.loads(Path(args.raw).read_text())
+    result = report(raw)
+    name = f"eval_traffic_{raw['meta']['shape'].replace('-', '_')}_h200.json"
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / name
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    with contextlib.suppress(ImportError):  # no matplotlib on the GPU host: drawn here later
+        plot(result, out.with_suffix(".png"))
+    print(json.dumps(result["goals"], indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
