@@ -37,6 +37,7 @@ from traffic import SHAPES, add_traffic_arguments, checked_shape
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE
 
 PROFILE = "profiles/h200-qwen3-4b-eagle3-inflight"  # the fast profiler's, H200 2026-11-30
+ARMS = ("k0", "k1", "k2", "k3", "documented", "measured", "daemon")
 QUARTER_DOCUMENTED = [[1, 16, 3], [17, 32, 1], [33, 256, 0]]
 
 
@@ -74,12 +75,13 @@ class Run(DaemonRun):
 
     def arm_tables(self, daemon_table: list[list[int]]) -> dict[str, list[list[int]]]:
         top = self.args.max_num_seqs
-        return {
+        every = {
             **{f"k{k}": [[1, top, k]] for k in range(4)},
             "documented": documented_table(top),
             "measured": self.measured_table,
             "daemon": daemon_table,
         }
+        return {arm: every[arm] for arm in self.args.arms.split(",")}
 
     async def one_load(self, clients: int) -> None:
         part = f"B{clients}"
@@ -100,7 +102,11 @@ class Run(DaemonRun):
             await load.drain()
 
     def load_needs_s(self) -> float:
-        arms = 7 * self.args.rounds * (self.args.window_s + self.args.settle_s + 0.5)
+        arms = (
+            len(self.args.arms.split(","))
+            * self.args.rounds
+            * (self.args.window_s + self.args.settle_s + 0.5)
+        )
         daemon = self.args.daemon_s + self.args.window_s + 3
         return self.args.warmup_s + daemon + arms + 10
 
@@ -117,6 +123,7 @@ async def run(args: argparse.Namespace) -> int:
             "window_s": args.window_s,
             "settle_s": args.settle_s,
             "rounds": args.rounds,
+            "arms": args.arms.split(","),
             "measured_table": {
                 "path": args.measured_table,
                 "ranges": read_table(args.measured_table),
@@ -164,6 +171,7 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, default=6)
     parser.add_argument("--settle-s", type=float, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--arms", default=",".join(ARMS), help="which, of " + ",".join(ARMS))
     parser.add_argument("--profile", default=f"{PROFILE}.json", help="the daemon's prior")
     parser.add_argument("--measured-table", default=f"{PROFILE}.table.json",
                         help="the profile's table file (tabletune solve's output)")  # fmt: skip
@@ -174,6 +182,9 @@ def main() -> int:
     add_traffic_arguments(parser, default_shape="chat-like")
     args = parser.parse_args()
     checked_shape(parser, args)
+    unknown = set(args.arms.split(",")) - set(ARMS)
+    if unknown:
+        parser.error(f"--arms: unknown {sorted(unknown)}; known: {','.join(ARMS)}")
     return asyncio.run(run(args))
 
 

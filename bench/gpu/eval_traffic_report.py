@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import goal  # noqa: E402
+from live_daemon_report import replay  # noqa: E402  (this script's folder is first on sys.path)
 
 Row = dict[str, Any]
 FIXED = ("k0", "k1", "k2", "k3")
@@ -65,14 +66,22 @@ def load_report(raw: Row, part: str) -> Row | None:
         for w in raw["windows"]
         if w["part"] == f"{part}-daemon"
     ]
+    effective = statistics.fmean(a["mean_running"] for a in arms.values() if a["mean_running"])
+    rates = tuple(raw["meta"]["synthetic_rates"])
+    decisions = replay(raw, rates=rates, load=round(effective), part=f"{part}-daemon")
     return {
-        "effective_batch": round(
-            statistics.fmean(a["mean_running"] for a in arms.values() if a["mean_running"]), 1
-        ),
+        "effective_batch": round(effective, 1),
         "best_fixed_k": best,
         "arms": arms,
         "daemon_table": raw.get("daemon_tables", {}).get(part),
         "daemon_convergence": convergence,
+        "replay_at_this_commit": {
+            "note": "the daemon part's recorded step cells fed window by window into this "
+            "checkout's estimator and decision (from the starting table, this load): what it "
+            "would decide on the same counters; not a live run",
+            "k_at_load": [d["k_at_load"] for d in decisions],
+            "decisions": decisions,
+        },
     }
 
 

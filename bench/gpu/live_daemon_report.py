@@ -59,12 +59,14 @@ def mean_step_ms(windows: list[Row], k: int) -> float | None:
     return 1000.0 * seconds / steps if steps else None
 
 
-def replay(raw: Row, *, rates: tuple[float, ...], load: int) -> list[Row]:
-    """The daemon part's recorded step cells through this checkout's estimator and decision."""
+def replay(raw: Row, *, rates: tuple[float, ...], load: int, part: str = "daemon") -> list[Row]:
+    """A daemon part's recorded step cells through this checkout's estimator and decision."""
     meta = raw["meta"]["daemon"]
     settings = load_settings({"TABLETUNE_PROFILE__PATHS": str(ROOT / meta["profile"])})
     pool = load_pools(settings.profile)[0]
-    estimator = StepTimeEstimator(StepTimeLayout(pool.step_times, pool.step_times.max_batch))
+    estimator = StepTimeEstimator(
+        StepTimeLayout(pool.step_times, pool.step_times.max_batch, off_graph=pool.off_graph)
+    )
     params = StepTimeParams(**settings.step_time.model_dump(exclude={"enabled", "shift"}))
     plugin = settings.plugin
     state = replace(
@@ -76,7 +78,7 @@ def replay(raw: Row, *, rates: tuple[float, ...], load: int) -> list[Row]:
     out = []
     elapsed = 0.0
     for window in raw["windows"]:
-        if window["part"] != "daemon":
+        if window["part"] != part:
             continue
         elapsed += window["wall_s"]
         cells: dict[Any, CellTotals] = cells_from_wire(window["cells"])[0]

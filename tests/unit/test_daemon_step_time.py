@@ -104,6 +104,31 @@ def test_a_cost_seen_on_one_k_is_borrowed_by_the_unobserved_k_of_the_same_cell()
     assert by_key[(2, (1, 1))].ratio == 1.0
 
 
+def test_a_cost_is_not_borrowed_across_cuda_graph_modes_of_the_profile() -> None:
+    # H200, chat-like traffic at B~190: every live step carries prefill and runs off the full
+    # graph whatever k. The profile timed k=0/1 on full graphs and k=2/3 past the capture limit
+    # (eager, ~2.5x slower). Live k=1 runs 2.5x its full-graph profile, live k=3 only 1.4x its
+    # eager one: a ratio seen on full-graph cells says nothing about the eager ones.
+    off_graph = np.zeros((len(KS), len(GRID)), dtype=bool)
+    off_graph[2:, GRID.index(136) :] = True  # k=2, 3 from B=136 on
+    layout = StepTimeLayout(PROFILE, 256, off_graph=off_graph)
+    estimator = StepTimeEstimator(layout)
+    estimator.add(_steps(1, [136] * 4, 2.5, repeat=500), now=0.0, half_life_s=60.0)
+    estimate = estimator.estimate(PARAMS)
+    # k=0 (full graph, like the observed k=1) borrows the cost; k=2, 3 (eager) do not
+    assert estimate.step_times.at(136, 0) / PROFILE.at(136, 0) > 2.3
+    for k in (2, 3):
+        assert estimate.step_times.at(136, k) == pytest.approx(PROFILE.at(136, k))
+    # below the limit every k is on a full graph: borrowing as before
+    estimator.add(_steps(1, [128] * 4, 2.5, repeat=500), now=0.0, half_life_s=60.0)
+    assert estimator.estimate(PARAMS).step_times.at(128, 3) / PROFILE.at(128, 3) > 2.3
+
+
+def test_the_graph_modes_must_match_the_profile_grid() -> None:
+    with pytest.raises(ValueError, match="off_graph"):
+        StepTimeLayout(PROFILE, 256, off_graph=np.zeros((len(KS), 3), dtype=bool))
+
+
 def test_k_specific_slowness_shows_once_that_k_is_observed() -> None:
     estimator = _estimator()
     estimator.add(_steps(3, [128], 1.48, repeat=3000), now=0.0, half_life_s=60.0)

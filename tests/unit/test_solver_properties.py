@@ -120,11 +120,31 @@ def test_the_rule_keeps_its_reference_unless_clearly_beaten(problem: TableProble
         if ref is None:
             assert chosen == best
             continue
-        r, b = KS.index(ref), KS.index(best)
-        gain = g[b, column] - g[r, column]
-        noise = problem.confidence * np.hypot(sigma[b, column], sigma[r, column])
-        clear = g[b, column] > g[r, column] * (1 + problem.stickiness) and gain > noise
-        assert chosen == (best if clear else ref)
+        assert chosen == clear_choice(problem, g[:, column], sigma[:, column], ref, best)
+
+
+def clear_choice(
+    problem: TableProblem, g: np.ndarray, sigma: np.ndarray, ref: int, best: int
+) -> int:
+    """The rule at one B, restated plainly: among the allowed k that beat the reference
+    clearly and lie within the best k's noise, the highest goodput (smallest k on a tie);
+    none: the reference."""
+    z, s = problem.confidence, problem.stickiness
+
+    def beats(q: int, r: int) -> bool:
+        gq, gr = g[KS.index(q)], g[KS.index(r)]
+        noise = z * np.hypot(sigma[KS.index(q)], sigma[KS.index(r)])
+        return bool(gq > gr * (1 + s) and gq - gr > noise)
+
+    def near_best(q: int) -> bool:
+        gq, gb = g[KS.index(q)], g[KS.index(best)]
+        noise = z * np.hypot(sigma[KS.index(q)], sigma[KS.index(best)])
+        return bool(gq * (1 + s) >= gb or gb - gq <= noise)
+
+    candidates = [q for q in sorted(problem.allowed_k) if beats(q, ref) and near_best(q)]
+    if not candidates:
+        return ref
+    return max(candidates, key=lambda q: (g[KS.index(q)], -q))
 
 
 @settings(max_examples=200, deadline=None)

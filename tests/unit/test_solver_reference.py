@@ -13,6 +13,7 @@ from tabletune.schemas.profile import step_times_of, uncertainty_of
 from tabletune.solver import (
     EstimatorState,
     SolverError,
+    StepTimes,
     TableProblem,
     build_table,
     estimate,
@@ -145,3 +146,26 @@ def test_estimator_rejects_impossible_counts() -> None:
         observe(EstimatorState.start((0.5,)), drafted=(1,), accepted=(2,))
     with pytest.raises(SolverError):
         EstimatorState.start((1.5,))
+
+
+def test_a_clear_gain_is_taken_when_the_best_k_is_still_too_uncertain() -> None:
+    # The daemon's estimate at B~189 on the H200 (chat-like traffic, 2026-11-30), 24 s after
+    # it started from a table with k=0 there: T = 20.9 / 32.6 / 36.9 / 42.3 ms for k=0..3, k=0
+    # and k=1 measured over hundreds of steps, k=2 and k=3 over ~25 burst steps. k=3 leads
+    # on the mean but not beyond its noise; k=1 beats the running k=0 by 12 %, far beyond
+    # both noises. Staying on k=0 because the leader is uncertain wastes the clear gain.
+    grid = (1, 189)
+    ms = np.array([[20.9, 20.9], [32.6, 32.6], [36.9, 36.9], [42.3, 42.3]])
+    problem = TableProblem(
+        step_times=StepTimes(grid=grid, ks=(0, 1, 2, 3), ms=ms),
+        rates=(0.75, 0.55, 0.40),
+        allowed_k=(0, 1, 2, 3),
+        max_batch=189,
+        uncertainty=np.tile(np.array([[0.01], [0.01], [0.3], [0.3]]), (1, 189)),
+        baseline=(0,) * 189,
+    )
+    solution = solve(problem)
+    assert solution.best_k[188] == 3
+    assert solution.per_batch_k[188] == 1
+    # Without a baseline the chain starts at the best k, however noisy (unchanged).
+    assert solve(replace(problem, baseline=None)).per_batch_k[0] == 3

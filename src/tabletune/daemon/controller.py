@@ -97,7 +97,9 @@ class Controller:
         self._saved_replicas: dict[str, ReplicaRecord] = {}
         self._saved_units: dict[str, UnitRecord] = {}
         self._layouts = {
-            pool.name: StepTimeLayout(pool.step_times, pool.step_times.max_batch)
+            pool.name: StepTimeLayout(
+                pool.step_times, pool.step_times.max_batch, off_graph=pool.off_graph
+            )
             for pool in self.pools
         }
         self.checks = Checks(settings, metrics, alerts)

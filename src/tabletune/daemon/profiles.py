@@ -29,6 +29,7 @@ class PoolProfile:
     prior: tuple[float, ...]
     dense_ms: np.ndarray = field(init=False, repr=False, compare=False)
     relative_sigma: np.ndarray = field(init=False, repr=False, compare=False)
+    off_graph: np.ndarray = field(init=False, repr=False, compare=False)
     _rows: dict[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -36,6 +37,7 @@ class PoolProfile:
         top = self.step_times.max_batch
         object.__setattr__(self, "dense_ms", self.step_times.dense(top))
         object.__setattr__(self, "relative_sigma", uncertainty_of(self.profile, top))
+        object.__setattr__(self, "off_graph", self.profile.off_graph_matrix())
         object.__setattr__(self, "_rows", {k: i for i, k in enumerate(self.step_times.ks)})
 
     @property

@@ -11,8 +11,9 @@ The estimate is a ratio to the profile, blended the way a_hat is (the prior weig
 
 Where the load ran, T_hat is held flat across the cell at the batch size it ran at (live data
 speaks for the cell; the profile's wiggles inside it do not). A k with little live data leans
-on ``m(c)``, what the other k at the same batch sizes show,
-rather than on the bare profile: a cost common to every k (long contexts) then does not make
+on ``m(c)``, what the other k at the same batch sizes show (among the k the profile timed on
+the same kind of CUDA graph: full, or off it past the capture limit), rather than on the bare
+profile: a cost common to every k (long contexts) then does not make
 the unobserved k look cheap, while an effect of one k (a graph miss) shows once that k is
 observed (the plugin's neighbour exploration sees to it). The uncertainty of r_hat combines the
 prior's (weight w, spread ``prior_sigma``) and the live mean's (per-step variance, steps
@@ -91,9 +92,16 @@ class StepTimeEstimate:
 class StepTimeLayout:
     """The cells and profile a replica's estimate lives on (shared by a pool's replicas)."""
 
-    def __init__(self, profile: StepTimes, max_batch: int) -> None:
+    def __init__(
+        self, profile: StepTimes, max_batch: int, *, off_graph: np.ndarray | None = None
+    ) -> None:
+        """``off_graph`` (rows ks, columns the profile's grid): the profile cells that ran off
+        the full CUDA graph (past the capture limit); None: all alike."""
         if not 1 <= max_batch <= profile.max_batch:
             raise ValueError(f"max_batch {max_batch} outside 1..{profile.max_batch}")
+        shape = (len(profile.ks), len(profile.grid))
+        if off_graph is not None and off_graph.shape != shape:
+            raise ValueError(f"off_graph shape {off_graph.shape} != {shape}")
         self.profile = profile
         self.max_batch = max_batch
         self.ks = profile.ks
@@ -113,6 +121,15 @@ class StepTimeLayout:
             top = min(high, max_batch)
             self.cell_average[j, low - 1 : top] = 1.0 / (top - low + 1)
         self._grid = np.asarray(profile.grid, dtype=float)
+        # Per (k, cell): did the profile time it off the full graph? A cell reads the first
+        # grid point at or above its top (the fast profiler's grid points are cells' tops).
+        at = np.minimum(np.searchsorted(self._grid, [high for _, high in self.cells]),
+                        len(profile.grid) - 1)  # fmt: skip
+        self.off_graph = (
+            np.zeros((len(self.ks), len(self.cells)), dtype=bool)
+            if off_graph is None
+            else np.asarray(off_graph, dtype=bool)[:, at]
+        )
 
     def index(self, k: int, low: int, high: int) -> tuple[int, int] | None:
         row = self._k_row.get(k)
@@ -205,8 +222,16 @@ class StepTimeEstimator:
 
         w = params.prior_steps
         weighted = np.where(seen, steps * np.nan_to_num(live), 0.0)
-        common = (w + weighted.sum(axis=0)) / (w + steps.sum(axis=0))  # per batch cell
-        ratio = (w * common[None, :] + weighted) / (w + steps)
+        # What the other k of a batch cell show, among those the profile timed on the same
+        # kind of graph: live steps carrying prefill run off the full graph at every k, so a
+        # ratio to a full-graph cell says nothing of one the profile timed eager.
+        common = np.ones_like(steps)
+        for group in (False, True):
+            mine = layout.off_graph == group
+            shown = np.where(mine, weighted, 0.0).sum(axis=0)
+            counted = np.where(mine, steps, 0.0).sum(axis=0)
+            common = np.where(mine, ((w + shown) / (w + counted))[None, :], common)
+        ratio = (w * common + weighted) / (w + steps)
 
         cell_sigma = self._cell_prior_sigma(params, prior_sigma)
         noise = variance * params.correlation * steps

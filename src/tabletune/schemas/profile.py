@@ -165,6 +165,11 @@ class Profile(BaseModel):
         """Relative sigma_T / T per cell (``Cell.relative_sigma``), laid out as ``step_matrix``."""
         return self._cell_matrix(lambda cell: cell.relative_sigma)
 
+    def off_graph_matrix(self) -> np.ndarray:
+        """Which cells vLLM ran off the full CUDA graph (piecewise or eager, past the capture
+        limit), laid out as ``step_matrix``; all False where the profile does not say."""
+        return self._cell_matrix(lambda cell: cell.cuda_graph in ("piecewise", "eager")) > 0
+
     def _cell_matrix(self, value: Callable[[Cell], float]) -> np.ndarray:
         index_b = {b: i for i, b in enumerate(self.batch_grid)}
         index_k = {k: i for i, k in enumerate(self.ks)}

@@ -5,7 +5,9 @@ Per batch size B (goodput G = B * tau(k) / T, sigma_G / G = sigma_T / T):
   the previous B's choice (the sticky chain; at B=1 without a baseline, the best k);
 - switch to the best allowed k* only if G(k*) > G(ref) * (1 + stickiness) AND
   G(k*) - G(ref) > z * sqrt(sigma_G(k*)^2 + sigma_G(ref)^2): near-ties and gains inside the
-  measurement noise must not fragment the table or flip it on a noisy cell.
+  measurement noise must not fragment the table or flip it on a noisy cell. Where k* does not
+  clear that bar, the best k that does (and lies within k*'s noise) is taken: an uncertain
+  leader must not hold back a clear gain over the reference.
 Then no range stays narrower than ``min_width`` (the plugin's hysteresis band): the narrowest
 run (leftmost on a tie) takes the k of the neighbour that keeps the most goodput over it (the
 left one on a tie), until none is too narrow or the table is one range. The ends get no
@@ -90,18 +92,28 @@ def _noise_aware_choice(
     reference: np.ndarray,
     problem: TableProblem,
 ) -> np.ndarray:
-    """Row per column: the reference row unless the best row beats it clearly (module doc).
+    """Row per column: the reference row unless a row beats it clearly (module doc).
 
-    ``clear[r, c]``: the best row beats row r clearly at column c (never where r is the best).
+    ``clear[r, c]``: some row beats row r clearly at column c; ``better[r, c]``: the one with
+    the highest goodput among those that do and are themselves within the best row's noise.
     Columns with a baseline reference are decided at once; chained ones (reference -1) walk
     from one switch to the next, so the Python work grows with the switches, not with max_B.
     """
     columns = np.arange(g.shape[1])
+    z, stickiness = problem.confidence, problem.stickiness
+    # beats[q, r, c]: row q beats row r clearly at column c
+    beats = (g[:, None] > g[None] * (1.0 + stickiness)) & (
+        g[:, None] - g[None] > z * np.hypot(sigma[:, None], sigma[None])
+    )
     g_best, sigma_best = g[best, columns], sigma[best, columns]
-    noise = problem.confidence * np.hypot(sigma_best, sigma)
-    clear = (g_best > g * (1.0 + problem.stickiness)) & (g_best - g > noise)
+    near_best = (g * (1.0 + stickiness) >= g_best) | (g_best - g <= z * np.hypot(sigma, sigma_best))
+    eligible = beats & near_best[:, None]
+    clear = eligible.any(axis=0)
+    better = np.argmax(np.where(eligible, g[:, None], -np.inf), axis=0)
     fixed = reference >= 0
-    choice = np.where(fixed & ~clear[np.maximum(reference, 0), columns], reference, best)
+    ref = np.maximum(reference, 0)
+    choice = np.where(fixed & ~clear[ref, columns], reference, better[ref, columns])
+    choice = np.where(fixed, choice, best)
     switches: dict[int, np.ndarray] = {}  # per row, the columns where it is clearly beaten
     for start, end, is_fixed in compress(fixed.tolist()):
         if is_fixed:
@@ -117,7 +129,7 @@ def _noise_aware_choice(
             switch = min(switch, end)
             choice[column:switch] = row
             if switch < end:
-                row = int(best[switch])
+                row = int(better[row, switch])
                 choice[switch] = row
             column = switch + 1
     return choice
