@@ -1,4 +1,4 @@
-"""Every way of choosing k under one traffic shape, at several loads, in ONE launch of real
+"""Every way of choosing k under users' traffic shapes, at several loads, in ONE launch of real
 vLLM 0.26 (+ the TableTune plugin): ``DRIVER=bench/gpu/eval_traffic.py
 REPORT=bench/gpu/eval_traffic_report.py bash bench/gpu/live_step_time.sh`` (eval_traffic.sh).
 
@@ -83,9 +83,8 @@ class Run(DaemonRun):
         }
         return {arm: every[arm] for arm in self.args.arms.split(",")}
 
-    async def one_load(self, clients: int) -> None:
-        part = f"B{clients}"
-        load = self.closed_loop(seed=clients, clients=clients)
+    async def one_load(self, part: str, shape: str, clients: int) -> None:
+        load = self.closed_loop(seed=clients, shape=SHAPES[shape], clients=clients)
         try:
             await asyncio.sleep(self.args.warmup_s)
             start = json.loads(self.args.start_table)
@@ -111,15 +110,32 @@ class Run(DaemonRun):
         return self.args.warmup_s + daemon + arms + 10
 
 
+def parse_loads(text: str, default_shape: str) -> list[tuple[str, int]]:
+    """``128,decode-heavy:192`` -> [(default_shape, 128), ("decode-heavy", 192)]."""
+    loads = []
+    for item in text.split(","):
+        shape, _, clients = item.rpartition(":")
+        shape = shape or default_shape
+        if shape not in SHAPES or not clients.isdigit() or int(clients) < 1:
+            raise ValueError(f"load {item!r}: N or SHAPE:N, SHAPE one of {sorted(SHAPES)}")
+        loads.append((shape, int(clients)))
+    return loads
+
+
+def part_name(shape: str, clients: int) -> str:
+    return f"{shape}-B{clients}"
+
+
 async def run(args: argparse.Namespace) -> int:
+    loads = parse_loads(args.loads, args.shape)
     result: Row = {
         "meta": {
             "what": "every way of choosing k under one traffic shape, several loads, one launch",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             **json.loads(args.meta),
             "shape": args.shape,
-            "lengths": SHAPES[args.shape].describe(),
-            "loads": [int(c) for c in args.loads.split(",")],
+            "lengths": {name: SHAPES[name].describe() for name in {s for s, _ in loads}},
+            "loads": [{"part": part_name(s, c), "shape": s, "clients": c} for s, c in loads],
             "window_s": args.window_s,
             "settle_s": args.settle_s,
             "rounds": args.rounds,
@@ -148,8 +164,10 @@ async def run(args: argparse.Namespace) -> int:
         result["errors"].append({"part": "start", "error": "vLLM did not become ready"})
         live.save()
         return 1
-    for clients in result["meta"]["loads"]:
-        await live.part(f"B{clients}", live.load_needs_s(), lambda c=clients: live.one_load(c))
+    for load in result["meta"]["loads"]:
+        part, shape, clients = load["part"], load["shape"], load["clients"]
+        await live.part(part, live.load_needs_s(),
+                        lambda p=part, s=shape, c=clients: live.one_load(p, s, c))  # fmt: skip
     live.save()
     print(f"wrote {args.out}", flush=True)
     return 0 if not result["errors"] else 2
@@ -166,7 +184,9 @@ def main() -> int:
     parser.add_argument("--started-s", type=float, default=0)
     parser.add_argument("--sync-interval-s", type=float, default=1.0)
     parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--loads", default="128,192,64", help="clients per load, in this order")
+    parser.add_argument("--loads", default="128,192,64",
+                        help="clients per load, in this order; SHAPE:N for another shape than "
+                        "--shape's")  # fmt: skip
     parser.add_argument("--warmup-s", type=float, default=6)
     parser.add_argument("--window-s", type=float, default=6)
     parser.add_argument("--settle-s", type=float, default=2)
@@ -182,6 +202,10 @@ def main() -> int:
     add_traffic_arguments(parser, default_shape="chat-like")
     args = parser.parse_args()
     checked_shape(parser, args)
+    try:
+        parse_loads(args.loads, args.shape)
+    except ValueError as error:
+        parser.error(str(error))
     unknown = set(args.arms.split(",")) - set(ARMS)
     if unknown:
         parser.error(f"--arms: unknown {sorted(unknown)}; known: {','.join(ARMS)}")
