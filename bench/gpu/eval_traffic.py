@@ -12,8 +12,8 @@ For each load (a number of clients, in the order given), in turn:
             windows of tokens/s (its convergence); then stopped, its last table kept as the
             ``daemon`` arm (its steady state, without the exploration it did meanwhile)
   arms      k0 (no drafting), k1..k3 fixed, vLLM's documented table, the measured table (the
-            profile's), the daemon's table: ROUNDS windows each, round r rotated by r places and
-            every other round reversed, so no arm keeps a place in the order
+            profile's), the daemon's table (--arms picks): ROUNDS windows each, in pairs of
+            rounds, one order then its reverse (``rotations``), so no arm keeps a place
 
 Every window is a raw row as in live_step_time.py (vLLM's counter increases, the plugin's step
 cells, the mean number of running requests = the effective B, the view). The JSON is rewritten
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,11 +43,12 @@ QUARTER_DOCUMENTED = [[1, 16, 3], [17, 32, 1], [33, 256, 0]]
 
 
 def rotations(arms: list[str], rounds: int) -> list[str]:
-    """Round r is ``arms`` rotated by r places, reversed when r is odd: over two rounds every
-    arm's mean place is the same, so a drift in the machine favours none."""
+    """Rounds in pairs: pair p is ``arms`` rotated by p places, then the same reversed (A B C,
+    C B A, then B C A, A C B ...). Over each pair every arm's mean place is the same, so a drift
+    in the machine favours none; the rotation moves who follows whom from pair to pair."""
     out: list[str] = []
     for r in range(rounds):
-        shift = r % len(arms)
+        shift = (r // 2) % len(arms)
         order = arms[shift:] + arms[:shift]
         out.extend(reversed(order) if r % 2 else order)
     return out
@@ -198,9 +200,12 @@ def main() -> int:
     parser.add_argument("--start-table", default=json.dumps(QUARTER_DOCUMENTED))
     parser.add_argument("--daemon-cycle-s", type=float, default=3)
     parser.add_argument("--daemon-s", type=float, default=36)
-    parser.add_argument("--work", default="/tmp")
+    parser.add_argument("--work", default=None,
+                        help="the daemon's state and logs (default: a fresh temporary folder, "
+                        "so no earlier run's state is restored)")  # fmt: skip
     add_traffic_arguments(parser, default_shape="chat-like")
     args = parser.parse_args()
+    args.work = args.work or tempfile.mkdtemp(prefix="tt-daemon-")
     checked_shape(parser, args)
     try:
         parse_loads(args.loads, args.shape)

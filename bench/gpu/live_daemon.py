@@ -30,6 +30,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -229,12 +230,15 @@ def main() -> int:
     parser.add_argument("--start-table", required=True, help="JSON ranges the daemon starts from")
     parser.add_argument("--daemon-cycle-s", type=float, default=5)
     parser.add_argument("--daemon-s", type=float, default=110)
-    parser.add_argument("--work", default="/tmp")
+    parser.add_argument("--work", default=None,
+                        help="the daemon's state and logs (default: a fresh temporary folder, "
+                        "so no earlier run's state is restored)")  # fmt: skip
     parser.add_argument("--overhead-window-s", type=float, default=8)
     parser.add_argument("--overhead-rounds", type=int, default=5)
     parser.add_argument("--parts", default="fixed-k,bursts,daemon,overhead")
     add_traffic_arguments(parser)
     args = parser.parse_args()
+    args.work = args.work or tempfile.mkdtemp(prefix="tt-daemon-")
     checked_shape(parser, args)
     return asyncio.run(run(args))
 

@@ -1,0 +1,181 @@
+"""bench/gpu/eval_traffic.py's pure parts, its report on synthetic runs, and
+capture_size_report.py on synthetic profiles."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tabletune.step_cells import CellTotals, cells_to_wire
+from tests.support.gpu_jobs import load_gpu_module
+
+ARMS = ["k0", "k1", "k2", "k3", "documented", "measured", "daemon"]
+
+
+@pytest.fixture(scope="module")
+def driver() -> ModuleType:
+    for name in ("live_step_time_report", "traffic", "live_step_time", "live_daemon"):
+        load_gpu_module(name)  # the driver imports them by name
+    return load_gpu_module("eval_traffic")
+
+
+@pytest.fixture(scope="module")
+def report(driver: ModuleType) -> ModuleType:
+    load_gpu_module("live_daemon_report")
+    return load_gpu_module("eval_traffic_report")
+
+
+@given(arms=st.lists(st.sampled_from(ARMS), min_size=1, max_size=7, unique=True),
+       pairs=st.integers(1, 4))  # fmt: skip
+def test_rotations_give_every_arm_every_round_and_the_same_mean_place(
+    driver: ModuleType, arms: list[str], pairs: int
+) -> None:
+    order = driver.rotations(arms, 2 * pairs)
+    assert len(order) == 2 * pairs * len(arms)
+    rounds = [order[i : i + len(arms)] for i in range(0, len(order), len(arms))]
+    assert all(sorted(r) == sorted(arms) for r in rounds)
+    places = {arm: [r.index(arm) for r in rounds] for arm in arms}
+    means = {statistics.fmean(p) for p in places.values()}
+    assert max(means) - min(means) < 1e-9  # a drift in the machine favours no arm
+
+
+def test_the_documented_table_is_cut_at_max_num_seqs(driver: ModuleType) -> None:
+    assert driver.documented_table(256) == [[1, 64, 3], [65, 128, 1], [129, 256, 0]]
+    assert driver.documented_table(100) == [[1, 64, 3], [65, 100, 1]]
+
+
+def test_loads_name_their_shape_or_take_the_runs(driver: ModuleType) -> None:
+    assert driver.parse_loads("128,decode-heavy:192", "chat-like") == [
+        ("chat-like", 128),
+        ("decode-heavy", 192),
+    ]
+    for bad in ("", "0", "x", "nope:12", "chat-like:", "12,,3"):
+        with pytest.raises(ValueError, match="N or SHAPE:N"):
+            driver.parse_loads(bad, "chat-like")
+
+
+def test_the_measured_table_is_read_from_the_profilers_table_file(
+    driver: ModuleType, tmp_path: Path
+) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"ranges": [[1, 100, 3], [101, 256, 1]]}))
+    assert driver.read_table(str(path)) == [[1, 100, 3], [101, 256, 1]]
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def window(part: str, arm: str, tokens_per_s: float, k: int, running: float = 190.0) -> dict:
+    cells = {(k, 185, 192): CellTotals(100.0, 3.0, 0.1, 100.0 * 190 * (k + 1), 100.0 * 190)}
+    return {
+        "part": part,
+        "arm": arm,
+        "tokens_per_s": tokens_per_s,
+        "mean_running": running,
+        "wall_s": 6.0,
+        "cells": cells_to_wire(cells, 0.0),
+        "view": {"table": [[1, 256, k]]},
+    }
+
+
+def raw_run(rows: list[dict[str, Any]], loads: list[Any]) -> dict[str, Any]:
+    return {
+        "meta": {
+            "shape": "chat-like",
+            "loads": loads,
+            "synthetic_rates": [0.75, 0.55, 0.40],
+            "daemon": {
+                "profile": "profiles/h200-qwen3-4b-eagle3-inflight.json",
+                "start_table": [[1, 16, 3], [17, 32, 1], [33, 256, 0]],
+            },
+        },
+        "windows": rows,
+        "daemon_tables": {},
+        "errors": [],
+        "skipped": [],
+        "durations_s": {},
+    }
+
+
+def test_losses_count_only_beyond_the_spread_and_same_k_arms_are_grouped(
+    report: ModuleType,
+) -> None:
+    part = "chat-like-B192"
+    rows = [
+        window(f"{part}-daemon", "live", 9000.0, 1),
+        window(f"{part}-arms", "k1", 10000.0, 1),
+        window(f"{part}-arms", "k1", 10400.0, 1),
+        window(f"{part}-arms", "k3", 12000.0, 3),
+        window(f"{part}-arms", "k3", 12100.0, 3),
+        window(f"{part}-arms", "daemon", 11900.0, 3),
+        window(f"{part}-arms", "daemon", 12000.0, 3),
+    ]
+    loads = [{"part": part, "shape": "chat-like", "clients": 192}]
+    result = report.report(raw_run(rows, loads))
+    load = result["loads"][part]
+    assert load["best_fixed_k"] == "k3" and load["effective_batch"] == 190.0
+    k1, daemon = load["arms"]["k1"], load["arms"]["daemon"]
+    assert k1["loss_vs_best_fixed_k"] == pytest.approx(1 - 10200 / 12050, abs=1e-4)
+    assert k1["loss_is_a_result"] is True  # 15 % against spreads of 4 % and 0.8 %
+    assert daemon["loss_is_a_result"] is False  # 0.8 % inside the daemon's own 0.8 % spread
+    assert load["k_mix"]["daemon"] == {3: 1.0}
+    assert load["arms_running_one_and_the_same_k"]["k3"]["arms"] == ["k3", "daemon"]
+    goal = result["goals"]["daemon_worst_load_loss_chat_like"]
+    assert goal["pass"] is True and goal["judgeable"] is True
+    assert result["goals"]["shape_change"]["pass"] is None
+
+
+def test_runs_that_named_loads_by_clients_alone_still_report(report: ModuleType) -> None:
+    rows = [window("B64-arms", "k2", 5000.0, 2), window("B64-arms", "k3", 4000.0, 3)]
+    result = report.report(raw_run(rows, [64, 128]))
+    assert result["loads"]["B64"]["best_fixed_k"] == "k2"
+    assert result["loads"]["B128"] is None  # skipped in that run
+    assert result["goals"]["daemon_worst_load_loss_chat_like"]["measured"] is None
+
+
+# -- the capture-size comparison ---------------------------------------------------------------
+
+
+def profile(cells: dict[tuple[int, int], tuple[float, str]]) -> dict:
+    return {
+        "cells": [
+            {
+                "batch_size": b,
+                "k": k,
+                "step_ms": ms,
+                "samples_ms": [ms * 0.99, ms, ms * 1.01],
+                "cuda_graph": graph,
+            }
+            for (b, k), (ms, graph) in cells.items()
+        ]
+    }
+
+
+def job(limit: int, capture_s: float, gib: float) -> dict:
+    engine = {"max_capture_size": limit, "capture_s": capture_s, "capture_gib": gib,
+              "gpu_memory_used_mib": 130000}  # fmt: skip
+    meta = {"device": "H200", "engine_version": "0.26.0", "date": "d", "commit": "c"}
+    return {"meta": meta, "summary": {"engine": engine, "startup_s": 100.0}}
+
+
+def test_raising_the_limit_is_recommended_when_the_cells_past_it_get_faster() -> None:
+    compare = load_gpu_module("capture_size_report").compare
+    default = profile(
+        {(128, 3): (10.0, "full"), (144, 3): (26.0, "eager"), (176, 2): (28.0, "eager")}
+    )
+    raised = profile({(128, 3): (10.2, "full"), (144, 3): (12.0, "full"), (176, 2): (12.5, "full")})
+    result = compare(default, job(512, 11.0, 1.4), raised, job(1024, 15.0, 2.31))
+    past = result["past_the_default_limit"]
+    assert past["cells"] == 2 and past["faster_beyond_noise"] == 2
+    assert result["within_the_default_limit"]["cells"] == 1
+    assert result["recommendation"].startswith("raise max_cudagraph_capture_size to 1024")
+    assert result["cost"]["graph_gib"] == [1.4, 2.31]
+    same = compare(default, job(512, 11.0, 1.4), default, job(1024, 15.0, 2.31))
+    assert same["recommendation"].startswith("keep the default")
