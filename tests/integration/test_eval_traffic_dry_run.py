@@ -1,0 +1,47 @@
+"""A dry run of the GPU job bench/gpu/eval_traffic.sh (its driver, the daemon it starts and its
+report) on a CPU, against the vLLM stand-in built from the plugin's real parts: every load's
+daemon part and rotated arms, two shapes in one launch, the files where the job puts them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.gpu_jobs import dry_run
+
+pytestmark = pytest.mark.integration
+
+DRIVER_ARGS = (
+    "--loads 6,decode-heavy:4 --arms k1,k3,measured,daemon --warmup-s 1 --window-s 1 "
+    "--settle-s 0.5 --daemon-s 3 --daemon-cycle-s 1"
+)
+
+
+def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path) -> None:
+    done = dry_run(
+        "eval_traffic.sh",
+        tmp_path,
+        BUDGET_S="200",
+        TABLETUNE_SYNC_INTERVAL_S="0.2",
+        DRIVER_ARGS=DRIVER_ARGS,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    raw = json.loads((tmp_path / "eval_traffic.json").read_text())
+    assert raw["errors"] == [] and raw["skipped"] == [] and raw["meta"]["commit"] == "dry-run"
+    parts = ["chat-like-B6", "decode-heavy-B4"]
+    assert [load["part"] for load in raw["meta"]["loads"]] == parts
+    for part in parts:
+        arms = [w["arm"] for w in raw["windows"] if w["part"] == f"{part}-arms"]
+        assert arms == ["k1", "k3", "measured", "daemon", "daemon", "measured", "k3", "k1"]
+        assert any(w["part"] == f"{part}-daemon" for w in raw["windows"])
+        assert raw["daemon_tables"][part]  # the daemon's last table, run as the daemon arm
+        assert any("daemon stopped" in line for line in raw["daemon_log_tails"][f"{part}-daemon"])
+    report = json.loads((tmp_path / "eval_traffic_h200.json").read_text())
+    assert set(report["loads"]) == set(parts)
+    assert {"daemon_worst_load_loss_chat_like", "daemon_worst_load_loss_decode_heavy"} <= set(
+        report["goals"]
+    )
+    for part in parts:
+        assert report["loads"][part]["k_mix"]["k3"] == {"3": 1.0}
