@@ -26,7 +26,10 @@ from tests.support.servers import (
 
 pytestmark = pytest.mark.integration
 
-PROFILE = Path(__file__).resolve().parents[2] / "examples" / "sample-profile.json"
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / "examples" / "sample-profile.json"
+# The fast profiler's H200 profile: its cells say which ran off the full CUDA graph.
+H200_INFLIGHT = ROOT / "profiles" / "h200-qwen3-4b-eagle3-inflight.json"
 SPEED = 20.0
 CYCLE_WALL_S = 0.5  # 10 simulated seconds between cycles
 
@@ -81,11 +84,11 @@ class Rig:
 def make_rig(tmp_path: Path) -> Iterator[Callable[..., Rig]]:
     with ExitStack() as stack:
 
-        def start(scenario: str = "repair", **env: str) -> Rig:
+        def start(scenario: str = "repair", profile: Path = PROFILE, **env: str) -> Rig:
             am = stack.enter_context(alertmanager(tmp_path))
             sim = stack.enter_context(
                 emulator(
-                    scenario=scenario, profile=PROFILE, speed=SPEED, log_path=tmp_path / "sim.log"
+                    scenario=scenario, profile=profile, speed=SPEED, log_path=tmp_path / "sim.log"
                 )
             )
             target = sim.removeprefix("http://")
@@ -98,7 +101,7 @@ def make_rig(tmp_path: Path) -> Iterator[Callable[..., Rig]]:
                     "TABLETUNE_SOURCE__PROMETHEUS_URL": prom.url,
                     "TABLETUNE_SOURCE__QUERY_DELAY_S": "0.2",
                     "TABLETUNE_SOURCE__STALE_AFTER_S": "5",
-                    "TABLETUNE_PROFILE__PATHS": str(PROFILE),
+                    "TABLETUNE_PROFILE__PATHS": str(profile),
                     "TABLETUNE_STATE__DIR": str(tmp_path / "state"),
                     "TABLETUNE_LOOP__INTERVAL_S": str(CYCLE_WALL_S),
                     "TABLETUNE_ADMIN__RETRY_BACKOFFS_S": "0.05,0.05",
@@ -130,6 +133,23 @@ def test_repair_converges_to_the_oracle_and_alerts_the_shift(make_rig: Callable[
     idle = rig.cycles(3)
     assert not any(r.pushed for r in idle)
     assert rig.truth()["table"] == table
+
+
+def test_chat_like_traffic_gets_k3_where_the_profile_timed_it_eager(
+    make_rig: Callable[..., Rig],
+) -> None:
+    # The H200 case of 2026-11-30 on the emulator: at B=190 with ~600-token prompts every step
+    # leaves the full graph, so k=0/1 run far slower than profiled and k=3 (profiled eager)
+    # barely: k=3 is best. Borrowing k=1's live/profile ratio for k=3 kept k=1 for ~110 s.
+    rig = make_rig("serving-chat-like", profile=H200_INFLIGHT)
+    assert rig.truth()["current"]["table_k"] == 0
+
+    def k3_at_the_load() -> bool:
+        return bool(rig.truth()["current"]["table_k"] == 3)
+
+    rig.cycles_until(k3_at_the_load, at_most=4, what="k=3 at B=190")
+    rig.cycles(3)
+    assert k3_at_the_load()  # and it stays
 
 
 def test_acceptance_switch_is_followed(make_rig: Callable[..., Rig]) -> None:
