@@ -15,6 +15,13 @@ For each load (a number of clients, in the order given), in turn:
             profile's), the daemon's table (--arms picks): ROUNDS windows each, in pairs of
             rounds, one order then its reverse (``rotations``), so no arm keeps a place
 
+Then, with ``--shape-change BEFORE:AFTER:N``, a change of traffic under the daemon:
+
+  change    N clients of BEFORE traffic, the daemon from the quarter table for CHANGE_BEFORE_S,
+            then the clients switched to AFTER (the old requests abandoned) with the daemon
+            still running for CHANGE_AFTER_S: windows throughout; then fixed k=1..3, the table
+            in force at the change (``before``) and the daemon's last (``after``), rotated
+
 Every window is a raw row as in live_step_time.py (vLLM's counter increases, the plugin's step
 cells, the mean number of running requests = the effective B, the view). The JSON is rewritten
 after every part; a load that no longer fits the budget is skipped and recorded.
@@ -102,6 +109,45 @@ class Run(DaemonRun):
         finally:
             await load.drain()
 
+    async def shape_change(self, before: str, after: str, clients: int) -> None:
+        """The daemon under ``before`` traffic for CHANGE_BEFORE_S, then the traffic switched
+        to ``after`` under it for CHANGE_AFTER_S (windows throughout); then fixed k=1..3, the
+        table in force at the change and the daemon's last table, rotated, on ``after``."""
+        part = change_part(before, after, clients)
+        loads = [self.closed_loop(seed=clients, shape=SHAPES[before], clients=clients)]
+        record: Row = {"part": part, "before": before, "after": after, "clients": clients}
+        self.result["shape_change"] = record
+
+        async def switch() -> None:
+            record["table_at_change"] = (await self.server.view())["table"]
+            record["at_s"] = self.args.change_before_s
+            await loads[0].stop()
+            loads.append(self.closed_loop(seed=clients + 1, shape=SHAPES[after], clients=clients))
+
+        try:
+            await asyncio.sleep(self.args.warmup_s)
+            start = json.loads(self.args.start_table)
+            seconds = self.args.change_before_s + self.args.change_after_s
+            event = (self.args.change_before_s, switch)
+            final = await self.run_daemon(f"{part}-daemon", start, seconds, event=event)
+            record["daemon_table"] = final
+            self.save()
+            top = self.args.max_num_seqs
+            tables = {**{f"k{k}": [[1, top, k]] for k in (1, 2, 3)},
+                      "before": record["table_at_change"], "after": final}  # fmt: skip
+            await self.server.put(SETTINGS_PATH, STATIC)
+            for index, arm in enumerate(rotations(list(tables), self.args.rounds)):
+                await self.put_table(tables[arm])
+                await asyncio.sleep(self.args.settle_s)
+                await self.window(f"{part}-arms", arm, index, self.args.window_s)
+        finally:
+            await loads[-1].drain()
+
+    def change_needs_s(self) -> float:
+        arms = 5 * self.args.rounds * (self.args.window_s + self.args.settle_s + 0.5)
+        daemon = self.args.change_before_s + self.args.change_after_s + self.args.window_s + 3
+        return self.args.warmup_s + daemon + arms + 10
+
     def load_needs_s(self) -> float:
         arms = (
             len(self.args.arms.split(","))
@@ -128,16 +174,34 @@ def part_name(shape: str, clients: int) -> str:
     return f"{shape}-B{clients}"
 
 
+def change_part(before: str, after: str, clients: int) -> str:
+    return f"change-{before}-{after}-B{clients}"
+
+
+def parse_change(text: str) -> tuple[str, str, int]:
+    """``decode-heavy:chat-like:192`` -> ("decode-heavy", "chat-like", 192)."""
+    parts = text.split(":")
+    if (len(parts) != 3 or parts[0] not in SHAPES or parts[1] not in SHAPES
+            or parts[0] == parts[1] or not parts[2].isdigit() or int(parts[2]) < 1):  # fmt: skip
+        raise ValueError(f"shape change {text!r}: BEFORE:AFTER:N, two shapes of {sorted(SHAPES)}")
+    return parts[0], parts[1], int(parts[2])
+
+
 async def run(args: argparse.Namespace) -> int:
     loads = parse_loads(args.loads, args.shape)
+    shapes = sorted(
+        {s for s, _ in loads}
+        | set(parse_change(args.shape_change)[:2] if args.shape_change else ())
+    )
     result: Row = {
         "meta": {
             "what": "every way of choosing k under one traffic shape, several loads, one launch",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             **json.loads(args.meta),
             "shape": args.shape,
-            "lengths": {name: SHAPES[name].describe() for name in {s for s, _ in loads}},
+            "lengths": {name: SHAPES[name].describe() for name in shapes},
             "loads": [{"part": part_name(s, c), "shape": s, "clients": c} for s, c in loads],
+            "shape_change": args.shape_change or None,
             "window_s": args.window_s,
             "settle_s": args.settle_s,
             "rounds": args.rounds,
@@ -170,6 +234,10 @@ async def run(args: argparse.Namespace) -> int:
         part, shape, clients = load["part"], load["shape"], load["clients"]
         await live.part(part, live.load_needs_s(),
                         lambda p=part, s=shape, c=clients: live.one_load(p, s, c))  # fmt: skip
+    if args.shape_change:
+        before, after, clients = parse_change(args.shape_change)
+        await live.part(change_part(before, after, clients), live.change_needs_s(),
+                        lambda: live.shape_change(before, after, clients))  # fmt: skip
     live.save()
     print(f"wrote {args.out}", flush=True)
     return 0 if not result["errors"] else 2
@@ -200,6 +268,11 @@ def main() -> int:
     parser.add_argument("--start-table", default=json.dumps(QUARTER_DOCUMENTED))
     parser.add_argument("--daemon-cycle-s", type=float, default=3)
     parser.add_argument("--daemon-s", type=float, default=36)
+    parser.add_argument("--shape-change", default="",
+                        help="BEFORE:AFTER:N: after the loads, the daemon under BEFORE traffic of "
+                        "N clients, switched to AFTER under it")  # fmt: skip
+    parser.add_argument("--change-before-s", type=float, default=36)
+    parser.add_argument("--change-after-s", type=float, default=90)
     parser.add_argument("--work", default=None,
                         help="the daemon's state and logs (default: a fresh temporary folder, "
                         "so no earlier run's state is restored)")  # fmt: skip
@@ -209,6 +282,8 @@ def main() -> int:
     checked_shape(parser, args)
     try:
         parse_loads(args.loads, args.shape)
+        if args.shape_change:
+            parse_change(args.shape_change)
     except ValueError as error:
         parser.error(str(error))
     unknown = set(args.arms.split(",")) - set(ARMS)

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -94,11 +95,18 @@ class Run(StepTimeRun):
         await self.fixed("after-daemon", ["k2", "daemon", "k3"], self.args.window_s)
 
     async def run_daemon(
-        self, part: str, start_table: list[list[int]], seconds: float
+        self,
+        part: str,
+        start_table: list[list[int]],
+        seconds: float,
+        *,
+        event: tuple[float, Callable[[], Awaitable[None]]] | None = None,
     ) -> list[list[int]]:
         """``start_table`` put in, then ``tabletune daemon`` (direct scrape, live step time) for
         ``seconds``, windows of tokens/s meanwhile; the daemon stopped (SIGTERM), its last table
-        returned. The state directory is kept across calls (what it learnt stays)."""
+        returned. ``event`` (at_s, action): the action runs between windows once ``at_s``
+        seconds have passed (a change of traffic under the running daemon). The state
+        directory is kept across calls (what it learnt stays)."""
         await self.server.put(SETTINGS_PATH, STATIC)
         await self.put_table(start_table)
         state = Path(self.args.work) / "daemon-state"
@@ -124,6 +132,9 @@ class Run(StepTimeRun):
         try:
             index = 0
             while time.monotonic() - started < seconds:
+                if event is not None and time.monotonic() - started >= event[0]:
+                    await event[1]()
+                    event = None
                 row = await self.window(part, "live", index, self.args.window_s)
                 row["since_daemon_start_s"] = round(time.monotonic() - started, 1)
                 index += 1

@@ -196,6 +196,15 @@ class ClosedLoop:
                 self.failed += 1
                 await asyncio.sleep(0.5)
 
+    async def stop(self) -> None:
+        """No new requests, the ones in flight abandoned at once: their connections close and
+        the server aborts them (a change of traffic must not wait for the old requests)."""
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._http.aclose()
+
     async def drain(self, timeout_s: float = 60) -> None:
         """No new requests; wait for every request in flight to finish (cancelled after
         ``timeout_s``: a server that stopped answering must not hang the run)."""

@@ -1,6 +1,7 @@
 """A dry run of the GPU job bench/gpu/eval_traffic.sh (its driver, the daemon it starts and its
 report) on a CPU, against the vLLM stand-in built from the plugin's real parts: every load's
-daemon part and rotated arms, two shapes in one launch, the files where the job puts them."""
+daemon part and rotated arms, two shapes in one launch, a change of traffic under the running
+daemon, the files where the job puts them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.integration
 
 DRIVER_ARGS = (
     "--loads 6,decode-heavy:4 --arms k1,k3,measured,daemon --warmup-s 1 --window-s 1 "
-    "--settle-s 0.5 --daemon-s 3 --daemon-cycle-s 1"
+    "--settle-s 0.5 --daemon-s 3 --daemon-cycle-s 1 --shape-change decode-heavy:chat-like:4 "
+    "--change-before-s 2 --change-after-s 3"
 )
 
 
@@ -45,3 +47,10 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
     )
     for part in parts:
         assert report["loads"][part]["k_mix"]["k3"] == {"3": 1.0}
+    # The change of traffic under the running daemon, then the arms on the new traffic.
+    change = raw["shape_change"]
+    assert change["at_s"] == 2 and change["table_at_change"] and change["daemon_table"]
+    arms = [w["arm"] for w in raw["windows"] if w["part"] == f"{change['part']}-arms"]
+    assert sorted(set(arms)) == ["after", "before", "k1", "k2", "k3"] and len(arms) == 10
+    assert report["shape_change"]["windows_after_the_change"]
+    assert report["goals"]["shape_change"]["measured"] is not None

@@ -179,3 +179,39 @@ def test_raising_the_limit_is_recommended_when_the_cells_past_it_get_faster() ->
     assert result["cost"]["graph_gib"] == [1.4, 2.31]
     same = compare(default, job(512, 11.0, 1.4), default, job(1024, 15.0, 2.31))
     assert same["recommendation"].startswith("keep the default")
+
+
+def test_a_shape_change_names_two_shapes_and_a_load(driver: ModuleType) -> None:
+    assert driver.parse_change("decode-heavy:chat-like:192") == ("decode-heavy", "chat-like", 192)
+    for bad in ("decode-heavy:chat-like", "chat-like:chat-like:8", "x:chat-like:8",
+                "decode-heavy:chat-like:0", "decode-heavy:chat-like:n"):  # fmt: skip
+        with pytest.raises(ValueError, match="BEFORE:AFTER:N"):
+            driver.parse_change(bad)
+
+
+def test_the_shape_change_report_times_the_new_table_and_the_gap(report: ModuleType) -> None:
+    part = "change-decode-heavy-chat-like-B192"
+    old, new = [[1, 256, 1]], [[1, 256, 3]]
+
+    def live(since: float, tps: float, table: list[list[int]]) -> dict[str, Any]:
+        row = window(f"{part}-daemon", "live", tps, 1)
+        return {**row, "since_daemon_start_s": since, "view": {"table": table}}
+
+    rows = [
+        live(30.0, 10000.0, old),  # before the change (at 36 s)
+        live(46.0, 8000.0, old),
+        live(66.0, 9000.0, new),  # in force by 30 s after the change
+        live(96.0, 9900.0, new),
+        live(126.0, 10000.0, new),
+        window(f"{part}-arms", "k1", 8000.0, 1),
+        window(f"{part}-arms", "k3", 10000.0, 3),
+        window(f"{part}-arms", "before", 8000.0, 1),
+        window(f"{part}-arms", "after", 10000.0, 3),
+    ]
+    raw = raw_run(rows, [])
+    raw["shape_change"] = {"part": part, "at_s": 36.0, "table_at_change": old}
+    result = report.report(raw)
+    change = result["shape_change"]
+    assert change["new_table_in_force_by_s"] == 30.0
+    assert change["share_of_gap_recovered"] == {"30s": 0.5, "60s": 0.95, "90s": 1.0}
+    assert result["goals"]["shape_change"]["pass"] is True
