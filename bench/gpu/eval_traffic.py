@@ -34,12 +34,19 @@ import argparse
 import asyncio
 import json
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from live_daemon import Run as DaemonRun  # this script's folder is first on sys.path
-from live_step_time import SETTINGS_PATH, STATIC, Row, wait_ready
+from live_daemon import daemon_meta
+from live_step_time import (
+    SETTINGS_PATH,
+    STATIC,
+    Row,
+    add_job_arguments,
+    empty_result,
+    wait_started,
+)
 from traffic import SHAPES, add_traffic_arguments, checked_shape
 
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE
@@ -100,12 +107,7 @@ class Run(DaemonRun):
             daemon_table = await self.run_daemon(f"{part}-daemon", start, self.args.daemon_s)
             self.result.setdefault("daemon_tables", {})[part] = daemon_table
             self.save()
-            tables = self.arm_tables(daemon_table)
-            await self.server.put(SETTINGS_PATH, STATIC)
-            for index, arm in enumerate(rotations(list(tables), self.args.rounds)):
-                await self.put_table(tables[arm])
-                await asyncio.sleep(self.args.settle_s)
-                await self.window(f"{part}-arms", arm, index, self.args.window_s)
+            await self.rotate(part, self.arm_tables(daemon_table))
         finally:
             await load.drain()
 
@@ -135,27 +137,29 @@ class Run(DaemonRun):
             top = self.args.max_num_seqs
             tables = {**{f"k{k}": [[1, top, k]] for k in (1, 2, 3)},
                       "before": record["table_at_change"], "after": final}  # fmt: skip
-            await self.server.put(SETTINGS_PATH, STATIC)
-            for index, arm in enumerate(rotations(list(tables), self.args.rounds)):
-                await self.put_table(tables[arm])
-                await asyncio.sleep(self.args.settle_s)
-                await self.window(f"{part}-arms", arm, index, self.args.window_s)
+            await self.rotate(part, tables)
         finally:
             await loads[-1].drain()
 
     def change_needs_s(self) -> float:
-        arms = 5 * self.args.rounds * (self.args.window_s + self.args.settle_s + 0.5)
-        daemon = self.args.change_before_s + self.args.change_after_s + self.args.window_s + 3
-        return self.args.warmup_s + daemon + arms + 10
+        return self.needs_s(5, self.args.change_before_s + self.args.change_after_s)
 
     def load_needs_s(self) -> float:
-        arms = (
-            len(self.args.arms.split(","))
-            * self.args.rounds
-            * (self.args.window_s + self.args.settle_s + 0.5)
-        )
-        daemon = self.args.daemon_s + self.args.window_s + 3
-        return self.args.warmup_s + daemon + arms + 10
+        return self.needs_s(len(self.args.arms.split(",")), self.args.daemon_s)
+
+    def needs_s(self, arms: int, daemon_s: float) -> float:
+        """A part's time: warm-up, the daemon's run (and its last window), the rotated arms."""
+        args = self.args
+        windows = arms * args.rounds * (args.window_s + args.settle_s + 0.5)
+        return args.warmup_s + daemon_s + args.window_s + 3 + windows + 10
+
+    async def rotate(self, part: str, tables: dict[str, list[list[int]]]) -> None:
+        """The arms' tables in rotated rounds, one window each, exploration off."""
+        await self.server.put(SETTINGS_PATH, STATIC)
+        for index, arm in enumerate(rotations(list(tables), self.args.rounds)):
+            await self.put_table(tables[arm])
+            await asyncio.sleep(self.args.settle_s)
+            await self.window(f"{part}-arms", arm, index, self.args.window_s)
 
 
 def parse_loads(text: str, default_shape: str) -> list[tuple[str, int]]:
@@ -193,8 +197,8 @@ async def run(args: argparse.Namespace) -> int:
         {s for s, _ in loads}
         | set(parse_change(args.shape_change)[:2] if args.shape_change else ())
     )
-    result: Row = {
-        "meta": {
+    result = empty_result(
+        {
             "what": "every way of choosing k under one traffic shape, several loads, one launch",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             **json.loads(args.meta),
@@ -210,25 +214,11 @@ async def run(args: argparse.Namespace) -> int:
                 "path": args.measured_table,
                 "ranges": read_table(args.measured_table),
             },
-            "daemon": {
-                "cycle_s": args.daemon_cycle_s,
-                "run_s": args.daemon_s,
-                "profile": args.profile,
-                "start_table": json.loads(args.start_table),
-            },
-        },
-        "windows": [],
-        "errors": [],
-        "skipped": [],
-        "durations_s": {},
-    }
+            "daemon": daemon_meta(args),
+        }
+    )
     live = Run(args, result)
-    started = time.monotonic()
-    ready = await wait_ready(args.base, args.pid, min(300, live.left_s()))
-    result["meta"]["startup_s"] = round(time.monotonic() - started + args.started_s, 1)
-    if not ready:
-        result["errors"].append({"part": "start", "error": "vLLM did not become ready"})
-        live.save()
+    if not await wait_started(live):
         return 1
     for load in result["meta"]["loads"]:
         part, shape, clients = load["part"], load["shape"], load["clients"]
@@ -245,15 +235,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", default="http://127.0.0.1:8000")
-    parser.add_argument("--model", default="qwen3-4b")
-    parser.add_argument("--pid", type=int, default=0)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--meta", default="{}")
-    parser.add_argument("--budget-s", type=float, default=380)
-    parser.add_argument("--started-s", type=float, default=0)
-    parser.add_argument("--sync-interval-s", type=float, default=1.0)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
+    add_job_arguments(parser)
     parser.add_argument("--loads", default="128,192,64",
                         help="clients per load, in this order; SHAPE:N for another shape than "
                         "--shape's")  # fmt: skip

@@ -43,7 +43,9 @@ from live_step_time import (  # this script's folder is first on sys.path
     TIMING_OFF,
     Row,
     abba,
-    wait_ready,
+    add_job_arguments,
+    empty_result,
+    wait_started,
 )
 from live_step_time import Run as StepTimeRun
 from traffic import SHAPES, TrafficShape, Uniform, add_traffic_arguments, checked_shape
@@ -164,9 +166,19 @@ class Run(StepTimeRun):
         await self.server.put(SETTINGS_PATH, {**STATIC, "step_timing": True})
 
 
+def daemon_meta(args: argparse.Namespace) -> Row:
+    """How the daemon part ran: its cycle, length, prior and starting table."""
+    return {
+        "cycle_s": args.daemon_cycle_s,
+        "run_s": args.daemon_s,
+        "profile": args.profile,
+        "start_table": json.loads(args.start_table),
+    }
+
+
 async def run(args: argparse.Namespace) -> int:
-    result: Row = {
-        "meta": {
+    result = empty_result(
+        {
             "what": "the daemon with live step time on real vLLM: fixed-k references, neighbour "
             "bursts, the daemon from the profile's table, step-timing overhead",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -176,25 +188,11 @@ async def run(args: argparse.Namespace) -> int:
             "overhead_lengths": FIXED_LENGTHS.describe(),
             "window_s": args.window_s,
             "burst": {"interval": args.burst_interval, "steps": args.burst},
-            "daemon": {
-                "cycle_s": args.daemon_cycle_s,
-                "run_s": args.daemon_s,
-                "profile": args.profile,
-                "start_table": json.loads(args.start_table),
-            },
-        },
-        "windows": [],
-        "errors": [],
-        "skipped": [],
-        "durations_s": {},
-    }
+            "daemon": daemon_meta(args),
+        }
+    )
     live = Run(args, result)
-    started = time.monotonic()
-    ready = await wait_ready(args.base, args.pid, min(300, live.left_s()))
-    result["meta"]["startup_s"] = round(time.monotonic() - started + args.started_s, 1)
-    if not ready:
-        result["errors"].append({"part": "start", "error": "vLLM did not become ready"})
-        live.save()
+    if not await wait_started(live):
         return 1
     per_window = args.window_s + args.settle_s + 1.5
     parts = set(args.parts.split(","))
@@ -220,15 +218,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", default="http://127.0.0.1:8000")
-    parser.add_argument("--model", default="qwen3-4b")
-    parser.add_argument("--pid", type=int, default=0)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--meta", default="{}")
-    parser.add_argument("--budget-s", type=float, default=380)
-    parser.add_argument("--started-s", type=float, default=0)
-    parser.add_argument("--sync-interval-s", type=float, default=1.0)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
+    add_job_arguments(parser)
     parser.add_argument("--clients", type=int, default=128)
     parser.add_argument("--warmup-s", type=float, default=20)
     parser.add_argument("--window-s", type=float, default=10)

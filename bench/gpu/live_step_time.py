@@ -187,6 +187,36 @@ class Server:
         return False
 
 
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every driver of this launcher takes: where vLLM is, where results go, the budget."""
+    parser.add_argument("--base", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default="qwen3-4b")
+    parser.add_argument("--pid", type=int, default=0, help="vLLM's pid (stop waiting if it dies)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--meta", default="{}", help="JSON merged into the meta block")
+    parser.add_argument("--budget-s", type=float, default=380, help="this script's whole run")
+    parser.add_argument("--started-s", type=float, default=0, help="launch to this script's start")
+    parser.add_argument("--ready-timeout-s", type=float, default=300)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--sync-interval-s", type=float, default=1.0)
+
+
+def empty_result(meta: Row) -> Row:
+    """A driver's JSON before its first part."""
+    return {"meta": meta, "windows": [], "errors": [], "skipped": [], "durations_s": {}}
+
+
+async def wait_started(live: Run) -> bool:
+    """vLLM answering within the budget: its start-up recorded in meta; an error if not."""
+    args, started = live.args, time.monotonic()
+    ready = await wait_ready(args.base, args.pid, min(args.ready_timeout_s, live.left_s()))
+    live.result["meta"]["startup_s"] = round(time.monotonic() - started + args.started_s, 1)
+    if not ready:
+        live.result["errors"].append({"part": "start", "error": "vLLM did not become ready"})
+        live.save()
+    return ready
+
+
 async def wait_ready(base: str, pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(base_url=base, timeout=2) as http:
@@ -308,8 +338,8 @@ class Run:
 
 
 async def run(args: argparse.Namespace) -> int:
-    result: Row = {
-        "meta": {
+    result = empty_result(
+        {
             "what": "live step time: fixed k=2/3 throughput vs the plugin's step cells, counters "
             "vs vLLM, step-timing overhead A/B, neighbour exploration",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -320,19 +350,10 @@ async def run(args: argparse.Namespace) -> int:
             "settle_s": args.settle_s,
             "neighbour_interval": args.neighbour_interval,
             "timing_on_settings": TIMING_ON,
-        },
-        "windows": [],
-        "errors": [],
-        "skipped": [],
-        "durations_s": {},
-    }
+        }
+    )
     live = Run(args, result)  # the budget counts from here
-    started = time.monotonic()
-    ready = await wait_ready(args.base, args.pid, min(args.ready_timeout_s, live.left_s()))
-    result["meta"]["startup_s"] = round(time.monotonic() - started + args.started_s, 1)
-    if not ready:
-        result["errors"].append({"part": "start", "error": "vLLM did not become ready"})
-        live.save()
+    if not await wait_started(live):
         return 1
     result["meta"]["start_view"] = await live.server.view()
     window_part_s = args.window_s + args.settle_s + 1.5
@@ -352,15 +373,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", default="http://127.0.0.1:8000")
-    parser.add_argument("--model", default="qwen3-4b")
-    parser.add_argument("--pid", type=int, default=0, help="vLLM's pid (stop waiting if it dies)")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--meta", default="{}", help="JSON merged into the meta block")
-    parser.add_argument("--budget-s", type=float, default=380, help="this script's whole run")
-    parser.add_argument("--started-s", type=float, default=0, help="launch to this script's start")
-    parser.add_argument("--ready-timeout-s", type=float, default=300)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
+    add_job_arguments(parser)
     parser.add_argument("--clients", type=int, default=128)
     parser.add_argument("--warmup-s", type=float, default=20)
     parser.add_argument("--window-s", type=float, default=10)
@@ -369,7 +382,6 @@ def main() -> int:
     parser.add_argument("--overhead-rounds", type=int, default=5, help="windows per arm")
     parser.add_argument("--neighbour-interval", type=int, default=16)
     parser.add_argument("--neighbour-window-s", type=float, default=15)
-    parser.add_argument("--sync-interval-s", type=float, default=1.0)
     add_traffic_arguments(parser)
     args = parser.parse_args()
     checked_shape(parser, args)
