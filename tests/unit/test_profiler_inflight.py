@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from tabletune.profiler.errors import MeasurementError
-from tabletune.profiler.inflight import InFlightMeasurer
+from tabletune.profiler.inflight import PHASES, InFlightMeasurer
 from tabletune.profiler.inflight_plan import (
     Group,
     Holding,
@@ -101,6 +101,31 @@ def test_going_up_adds_requests_and_contexts_stay_under_the_cap() -> None:
     assert (2, 1) in itertools.pairwise(sizes)  # from 2 to 3: one request added, not 3 sent
     assert m.fresh_starts >= 2  # contexts capped at 128: requests were replaced
     assert all(max_tokens == 128 - 32 + 64 for _, _, max_tokens in engine.sent)
+
+
+def test_the_wall_time_is_split_by_phase_and_the_costly_events_counted() -> None:
+    engine = SteppingEngine()
+    put = engine.set_k_everywhere
+
+    def slow_put(k: int, max_num_seqs: int) -> None:  # a round trip of 10 ms; steps go on
+        engine.sleep(0.01)
+        put(k, max_num_seqs)
+
+    engine.set_k_everywhere = slow_put  # type: ignore[method-assign]
+    windows: list[WindowSample] = []
+    m = measurer(engine, in_flight=replace(IN_FLIGHT, max_context=128), windows=windows)
+    started = engine.clock()
+    result = m.measure((1, 2, 3, 4), (0, 1))
+    elapsed = engine.clock() - started
+    assert set(result.phases_s) == set(PHASES)
+    assert result.phases_s["k_switch"] == pytest.approx(0.01 * len(engine.puts))
+    assert result.events["k_switches"] == len(engine.puts)
+    assert sum(w.seconds for w in windows) <= result.phases_s["fill"]  # a window's steps run there
+    assert result.phases_s["stop"] > 0 and result.phases_s["settle"] > 0
+    assert sum(result.phases_s.values()) <= elapsed + 1e-9  # no second counted twice
+    assert result.events["windows"] == len(windows) == 4 * 2 * 3
+    assert result.events["fresh_starts"] == m.fresh_starts >= 2
+    assert result.events["fresh_starts"] + result.events["adds"] == len(engine.sent)
 
 
 def test_starting_over_often_keeps_the_idle_wait_at_a_few_syncs() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tabletune.profiler.engine import EngineHttp
+from tabletune.profiler.inflight import PHASES
 from tabletune.profiler.progress import QuietReporter
 from tabletune.profiler.records import RawRecord
 from tabletune.profiler.run import ProfileRequest, ProfileRun
@@ -100,6 +101,10 @@ def test_in_flight_profile_writes_exact_times_shape_graphs_and_agreement(tmp_pat
     assert check["median_difference"] == pytest.approx(0.0, abs=1e-6)  # both exact here
     assert summary["timing_method"] == "in-flight" and summary["windows_taken_again"] == 0
     assert summary["cuda_graphs"]["not_full"]["3,0"] == "eager"
+    # where the timing's wall time went, and how often the costly things happened
+    phases = {f"timing.{name}" for name in PHASES}
+    assert phases <= set(meta.wall_time_s) == set(summary["wall_time_s"])
+    assert summary["in_flight_events"]["windows"] == len(GRID) * 4 * 3
     raw = RawRecord.model_validate_json(run.paths.raw.read_text())
     assert raw.timing_method == "in-flight" and len(raw.windows) == len(GRID) * 4 * 3
     assert len(raw.cross_check_samples) == 2 * 4 * 3 and raw.samples == []

@@ -399,6 +399,7 @@ class ProfileRun:
         t = self._clock()
         result = self._in_flight(engine) if self.in_flight else self._by_request(engine)
         self.wall["timing"] = self._clock() - t
+        self.wall.update({f"timing.{name}": s for name, s in result.phases_s.items()})
         batches = [b for b in self.settings.in_flight.cross_check if b in self.grid]
         if self.in_flight and batches:
             t = self._clock()
@@ -566,6 +567,7 @@ def summary_of(outcome: ProfileOutcome, timing: TimingResult) -> dict[str, Any]:
         "remeasured": [list(c) for c in timing.remeasured],
         "noisy": [list(c) for c in sorted(timing.noisy)],
         "windows_taken_again": len(timing.refused),
+        "in_flight_events": dict(timing.events) or None,
         "cuda_graphs": {
             "max_capture_size": None
             if meta.cuda_graphs is None
