@@ -269,7 +269,7 @@ def main() -> int:
     parser.add_argument("--grid-step", type=int, default=8)
     parser.add_argument("--batch-sizes", type=_ints, help="an explicit grid instead")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--window-steps", type=int, default=16)
+    parser.add_argument("--window-steps", type=int, default=8)
     parser.add_argument(
         "--decode-tokens", type=int, default=16, help="request method (cross-check)"
     )

@@ -157,7 +157,7 @@ def test_a_lone_disturbance_is_re_measured_and_a_real_jump_is_flagged_noisy() ->
     disturbed = {"steps": 0}
 
     def step_ms(b: int, k: int) -> float:
-        if (b, k) == (3, 1) and disturbed["steps"] < 16:  # in the first window only
+        if (b, k) == (3, 1) and disturbed["steps"] < IN_FLIGHT.window_steps:  # first window only
             disturbed["steps"] += 1
             return 4 * linear_ms(b, k)
         if (b, k) == (20, 2):
