@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from tabletune.profiler.errors import MeasurementError
-from tabletune.profiler.inflight import PHASES, InFlightMeasurer
+from tabletune.profiler.inflight import PHASES, READING, InFlightMeasurer
 from tabletune.profiler.inflight_plan import (
     Group,
     Holding,
@@ -21,6 +21,7 @@ from tabletune.profiler.inflight_plan import (
 from tabletune.profiler.progress import QuietReporter
 from tabletune.profiler.records import WindowSample
 from tabletune.profiler.settings import InFlightSettings, TimingSettings
+from tabletune.profiler.step_reading import StepReading
 from tabletune.schemas.shape import PrefillStream
 from tests.unit.profiler_stepper import SteppingEngine, linear_ms
 
@@ -112,17 +113,25 @@ def test_the_wall_time_is_split_by_phase_and_the_costly_events_counted() -> None
         put(k, max_num_seqs)
 
     engine.set_k_everywhere = slow_put  # type: ignore[method-assign]
+    read = engine.step_reading
+
+    def slow_read() -> StepReading:  # a /metrics read of 2 ms
+        engine.sleep(0.002)
+        return read()
+
+    engine.step_reading = slow_read  # type: ignore[method-assign]
     windows: list[WindowSample] = []
     m = measurer(engine, in_flight=replace(IN_FLIGHT, max_context=128), windows=windows)
     started = engine.clock()
     result = m.measure((1, 2, 3, 4), (0, 1))
     elapsed = engine.clock() - started
-    assert set(result.phases_s) == set(PHASES)
+    assert set(result.phases_s) == {*PHASES, READING}
     assert result.phases_s["k_switch"] == pytest.approx(0.01 * len(engine.puts))
+    assert result.phases_s[READING] == pytest.approx(0.002 * result.events["reads"])
     assert result.events["k_switches"] == len(engine.puts)
     assert sum(w.seconds for w in windows) <= result.phases_s["fill"]  # a window's steps run there
     assert result.phases_s["stop"] > 0 and result.phases_s["settle"] > 0
-    assert sum(result.phases_s.values()) <= elapsed + 1e-9  # no second counted twice
+    assert sum(result.phases_s[p] for p in PHASES) <= elapsed + 1e-9  # none counted twice
     assert result.events["windows"] == len(windows) == 4 * 2 * 3
     assert result.events["fresh_starts"] == m.fresh_starts >= 2
     assert result.events["fresh_starts"] + result.events["adds"] == len(engine.sent)

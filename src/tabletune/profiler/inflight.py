@@ -53,6 +53,8 @@ PHASES = ("stop", "settle", "k_switch", "fill")
 engine to go idle (fresh starts), sending requests and waiting until they decode (fresh starts
 and going up in B), setting k, and waiting for a window's steps (its own steps, the steps at the
 old k before the switch lands, and the wait for the sync that shows them)"""
+READING = "read"
+"""wall time inside the /metrics reads (part of the phases above: is the server slow to answer?)"""
 
 
 class StepCellEngine(Protocol):
@@ -99,7 +101,7 @@ class InFlightMeasurer:
         self._idle_since_change = False
         self._windows: dict[CellKey, list[WindowSample]] = {}
         self.refused: list[str] = []
-        self.phases_s = dict.fromkeys(PHASES, 0.0)
+        self.phases_s = dict.fromkeys((*PHASES, READING), 0.0)
         self.events: Counter[str] = Counter()
 
     @property
@@ -121,7 +123,10 @@ class InFlightMeasurer:
         errors = self._traffic.failures()
         if errors:
             raise MeasurementError(f"a timed request failed: {errors[0]}")
+        started = self._clock()
         reading = self._engine.step_reading()
+        self.phases_s[READING] += self._clock() - started
+        self.events["reads"] += 1
         if reading != self._read_last:
             now = self._clock()
             if not self._idle_since_change:  # a gap across an idle engine is no sync interval
