@@ -146,6 +146,7 @@ class Job:
             timing=TimingSettings(repeats=a.repeats, decode_tokens=a.decode_tokens),
             in_flight=InFlightSettings(
                 window_steps=a.window_steps,
+                max_context=a.max_context,
                 sync_interval_s=a.sync_interval_s,
                 cross_check=cross_check,
             ),
@@ -215,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
             },
             "repeats": args.repeats,
             "window_steps": args.window_steps,
+            "max_context": args.max_context,
             "cross_check": list(args.cross_check),
             "rates": list(args.rates),
         },
@@ -302,6 +304,7 @@ def main() -> int:
     parser.add_argument("--batch-sizes", type=_ints, help="an explicit grid instead")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--window-steps", type=int, default=8)
+    parser.add_argument("--max-context", type=int, default=256, help="in-flight context cap")
     parser.add_argument(
         "--decode-tokens", type=int, default=16, help="request method (cross-check)"
     )

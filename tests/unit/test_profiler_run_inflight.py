@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tabletune.profiler.engine import EngineHttp
+from tabletune.profiler.errors import MeasurementError
 from tabletune.profiler.inflight import PHASES
 from tabletune.profiler.progress import QuietReporter
 from tabletune.profiler.records import RawRecord
@@ -41,12 +42,15 @@ GRID = (1, 2, 3, 4, 12, 20, 28, 32)
 
 
 def profile_in_flight(
-    tmp_path: Path, settings: ProfilerSettings = SETTINGS, engine_log: Path | None = None
+    tmp_path: Path,
+    settings: ProfilerSettings = SETTINGS,
+    engine_log: Path | None = None,
+    fail_with: str | None = None,
 ) -> ProfileRun:
     fake = FakeEngine(
         FakeConfig(step_ms=linear_ms, prefill_ms=0.0, overhead_ms=0.0, max_num_seqs=MAX)
     )
-    stepper = SteppingEngine(k_at=fake.k_at)
+    stepper = SteppingEngine(k_at=fake.k_at, fail_with=fail_with)
     fake.extra_metrics = lambda: metrics_text(stepper.step_reading())
     request = ProfileRequest(
         output=tmp_path / "inflight.json",
@@ -110,6 +114,14 @@ def test_in_flight_profile_writes_exact_times_shape_graphs_and_agreement(tmp_pat
     assert len(raw.cross_check_samples) == 2 * 4 * 3 and raw.samples == []
     assert profile.acceptance is not None
     assert "bundled chat prompts" in profile.acceptance.prompt_source
+
+
+def test_a_failed_timing_still_shows_where_its_time_went(tmp_path: Path) -> None:
+    with pytest.raises(MeasurementError, match="a timed request failed"):
+        profile_in_flight(tmp_path, fail_with="1 requests: HTTP 500")
+    raw = RawRecord.model_validate_json((tmp_path / "inflight.raw.json").read_text())
+    assert raw.incomplete
+    assert {f"timing.{name}" for name in PHASES} <= set(raw.metadata.wall_time_s)
 
 
 def test_a_prefill_stream_is_recorded_as_the_profiles_shape(tmp_path: Path) -> None:

@@ -344,7 +344,6 @@ class InFlightMeasurer:
             self._wait_idle()  # nothing of this phase runs into the next
         result.details = {cell: details_of(windows) for cell, windows in self._windows.items()}
         result.refused = list(self.refused)
-        result.phases_s = dict(self.phases_s)
         result.events = dict(self.events)
         return result
 

@@ -29,8 +29,6 @@ class TimingResult:
     """what the cells' steps carried (context, tokens per step), where measured"""
     refused: list[str] = field(default_factory=list)
     """in-flight windows taken again, and why"""
-    phases_s: dict[str, float] = field(default_factory=dict)
-    """in-flight: wall time by what the measurer waited for (``PHASES``), summed over the run"""
     events: dict[str, int] = field(default_factory=dict)
     """in-flight: how often each costly thing happened (fresh starts, adds, k switches, windows)"""
 

@@ -399,7 +399,6 @@ class ProfileRun:
         t = self._clock()
         result = self._in_flight(engine) if self.in_flight else self._by_request(engine)
         self.wall["timing"] = self._clock() - t
-        self.wall.update({f"timing.{name}": s for name, s in result.phases_s.items()})
         batches = [b for b in self.settings.in_flight.cross_check if b in self.grid]
         if self.in_flight and batches:
             t = self._clock()
@@ -457,8 +456,9 @@ class ProfileRun:
             )
             try:
                 result = measurer.measure(self.grid, self.request.profiled_ks)
-            finally:
+            finally:  # (an interrupted run's .raw.json shows where its time went too)
                 self.refused = list(measurer.refused)
+                self.wall.update({f"timing.{n}": s for n, s in measurer.phases_s.items()})
         finally:
             traffic.close()
         check_all_rejected(engine.counters().minus(before))
