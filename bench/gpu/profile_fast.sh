@@ -31,7 +31,8 @@
 # the result files' stem), DRIVER_ARGS (more flags for profile_fast.py), WARM_START (0; 1: start
 # vLLM once to fill its compile cache, time that cold start to /health, stop it by its process
 # group, start it again and profile that warm engine: the JSON records both start times and the
-# report judges the grid with the warm start, the cold one reported too). A CPU dry run against
+# report judges the grid with the warm start, the cold one reported too; WARM_NEEDS_S (250):
+# less left after the cold start and that engine is profiled instead). A CPU dry run against
 # the plugin-based stand-in (about a minute; tests/integration/test_profile_fast_dry_run.py):
 #     WHEEL=none SERVER_MODULE=tests.support.vllm_stand_in PYTHONPATH=src:. BUDGET_S=200 \
 #     DRIVER_ARGS="--max-num-seqs 8 --dense-until 4 --grid-step 4 --cross-check 1,8 \
@@ -99,18 +100,29 @@ answers() {  # /health answers within $1 s (0: vLLM died or never answered)
 since() { python3 -c 'import sys, time; print(round(time.time() - float(sys.argv[1]), 1))' "$1"; }
 
 # Warm start: a first launch fills the compile cache; its time to /health is the cold start.
+# When what is left of BUDGET_S no longer holds a second start and a grid (WARM_NEEDS_S), the
+# cold engine is profiled instead (meta.warm_start false: judged as a cold start).
 cold_start_s=null
 before_s=0
+restart=1
 if [[ ${WARM_START:-0} == 1 ]]; then
-  start_vllm "$work/vllm-cold.log"
+  start_vllm "$work/vllm.log"
   trap stop_group EXIT
   if answers $((BUDGET_S - 60)); then cold_start_s=$(since "$launched"); fi
-  stop_group
+  if [[ $cold_start_s != null ]] \
+      && (( BUDGET_S - ($(date +%s) - started) < ${WARM_NEEDS_S:-250} )); then
+    restart=0
+    echo "cold start: ${cold_start_s} s to /health; no time left for a warm start: profiling it"
+    cold_start_s=null
+  else
+    stop_group
+    mv "$work/vllm.log" "$work/vllm-cold.log"
+    before_s=$(( $(date +%s) - started ))
+    echo "cold start: ${cold_start_s} s to /health; stopped; ${before_s} s of the budget used"
+  fi
   trap - EXIT
-  before_s=$(( $(date +%s) - started ))
-  echo "cold start: ${cold_start_s} s to /health; stopped; ${before_s} s of the budget used"
 fi
-start_vllm "$work/vllm.log"
+(( restart )) && start_vllm "$work/vllm.log"
 stop_vllm() {
   stop_group
   { grep -E "tabletune|Loaded|plugin|Traceback|Error|Graph capturing|max_cudagraph_capture_size|Capturing CUDA" \
