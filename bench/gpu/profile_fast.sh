@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The fast profiler on real vLLM 0.26.0 (one H200), ONE launch, under 9 minutes including
-# start-up (profile_fast.py): an in-flight grid B=1..256 (dense to 16, then every 8) x k=0..3,
-# 3 windows per cell; the request method on 8 batch sizes x 4 k in the same launch (do both
-# methods agree on pure decode?); acceptance under synthetic rates; a second in-flight grid (do
-# two profiles in a row give the same table?).
+# The fast profiler on real vLLM 0.26.0 (one H200), ONE launch (two with WARM_START=1), under
+# 9 minutes including start-up (profile_fast.py): an in-flight grid B=1..256 (dense to 16, then
+# every 8) x k=0..3, 3 windows per cell; the request method on 8 batch sizes x 4 k in the same
+# launch (do both methods agree on pure decode?); acceptance under synthetic rates; a second
+# in-flight grid (do two profiles in a row give the same table?).
 #
 # Usage, on the GPU host from the repository root, after `source .gpu-bundle/p3/device-setup.sh`
 # (shared/gpu/README.md) with this branch's wheel in .gpu-bundle/p3/:
