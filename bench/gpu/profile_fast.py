@@ -5,10 +5,15 @@ Parts, in this order (each recorded whole or as an error; the JSON rewritten aft
 
   run1   ``tabletune profile`` in-flight over the whole grid (dense to 16, then every 8), every
          k, REPEATS windows per cell; then the request method on the cross-check batch sizes at
-         every k (same launch: do both agree on pure decode?); then acceptance under the
+         every k (same launch: do both agree on pure decode?), left out when less time is left
+         than --grid-estimate-s and the cross-check's ~40 s; then acceptance under the
          synthetic rates (test mode)
   run2   the in-flight grid again (no cross-check, no acceptance): do two profiles in a row give
          the same table?
+
+With WARM_START=1 the script launched vLLM once before (to fill its compile cache) and passes
+that cold start's time (--cold-start-s) and what it cost (--before-s, counted in the job's wall
+time); the start timed here is then the warm one.
 
 Each run's files (profile, summary, raw windows, table, PNGs) go under OUT/<run>/. Both tables
 are built here the same way, from each run's profile and run1's acceptance. A part that no
@@ -46,6 +51,7 @@ from tabletune.schemas.profile import step_times_of
 from tabletune.solver import build_table
 
 Row = dict[str, Any]
+CROSS_CHECK_S = 40  # the request method on 8 batch sizes x 4 k took 32 s on the H200
 
 
 class LineReporter:
@@ -140,6 +146,7 @@ class Job:
             timing=TimingSettings(repeats=a.repeats, decode_tokens=a.decode_tokens),
             in_flight=InFlightSettings(
                 window_steps=a.window_steps,
+                max_context=a.max_context,
                 sync_interval_s=a.sync_interval_s,
                 cross_check=cross_check,
             ),
@@ -209,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
             },
             "repeats": args.repeats,
             "window_steps": args.window_steps,
+            "max_context": args.max_context,
             "cross_check": list(args.cross_check),
             "rates": list(args.rates),
         },
@@ -223,14 +231,26 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     ready = wait_ready(args.base, args.pid, min(args.ready_timeout_s, job.left_s()))
     result["meta"]["startup_s"] = round(time.monotonic() - started + args.started_s, 1)
+    result["meta"]["warm_start"] = args.before_s > 0
+    result["meta"]["cold_start_s"] = args.cold_start_s
+    result["meta"]["before_s"] = args.before_s
     result["meta"]["engine"] = engine_facts(args.vllm_log, args.memory_file)
     if not ready:
         result["errors"].append({"part": "start", "error": "vLLM did not become ready"})
         job.save()
         return 1
-    first = job.settings(
-        cross_check=args.cross_check if args.cross else (), acceptance=args.acceptance
-    )
+    cross = args.cross_check if args.cross else ()
+    if cross and job.left_s() < args.grid_estimate_s + CROSS_CHECK_S:
+        result["skipped"].append(
+            {
+                "part": "cross_check",
+                "needed_s": round(args.grid_estimate_s + CROSS_CHECK_S),
+                "left_s": round(job.left_s()),
+            }
+        )
+        print(f"== cross-check skipped ({job.left_s():.0f} s left): the grid alone")
+        cross = ()
+    first = job.settings(cross_check=cross, acceptance=args.acceptance)
     job.part("run1", 60, lambda: job.profile("run1", first))
     if args.runs > 1:
         timing = (result["runs"].get("run1") or {}).get("wall_time_s", {}).get("timing", 150)
@@ -239,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
         job.part("run2", 1.15 * timing + 10, lambda: job.profile("run2", again))
     job.part("tables", 0, job.tables)
     result["meta"]["engine"] = engine_facts(args.vllm_log, args.memory_file)  # memory read by now
-    result["meta"]["wall_s"] = round(time.monotonic() - started + args.started_s, 1)
+    result["meta"]["wall_s"] = round(time.monotonic() - started + args.started_s + args.before_s, 1)
     job.save()
     print(f"wrote {args.out}", flush=True)
     return 0 if not result["errors"] else 2
@@ -257,6 +277,20 @@ def main() -> int:
     parser.add_argument("--meta", default="{}", help="JSON merged into the meta block")
     parser.add_argument("--budget-s", type=float, default=400, help="this script's whole run")
     parser.add_argument("--started-s", type=float, default=0, help="launch to this script's start")
+    parser.add_argument(
+        "--cold-start-s",
+        type=lambda t: None if t == "null" else float(t),
+        help="warm start: the first (cold) launch's time to /health ('null': it never answered)",
+    )
+    parser.add_argument(
+        "--before-s", type=float, default=0, help="warm start: the cold launch and its stop"
+    )
+    parser.add_argument(
+        "--grid-estimate-s",
+        type=float,
+        default=130,
+        help="the grid's expected time: less left than it and the cross-check, no cross-check",
+    )
     parser.add_argument("--ready-timeout-s", type=float, default=300)
     parser.add_argument("--vllm-log", type=Path, help="the server's log (capture sizes, cost)")
     parser.add_argument("--memory-file", type=Path, help="GPU memory used after start, MiB")
@@ -269,7 +303,8 @@ def main() -> int:
     parser.add_argument("--grid-step", type=int, default=8)
     parser.add_argument("--batch-sizes", type=_ints, help="an explicit grid instead")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--window-steps", type=int, default=16)
+    parser.add_argument("--window-steps", type=int, default=8)
+    parser.add_argument("--max-context", type=int, default=256, help="in-flight context cap")
     parser.add_argument(
         "--decode-tokens", type=int, default=16, help="request method (cross-check)"
     )

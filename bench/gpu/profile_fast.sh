@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The fast profiler on real vLLM 0.26.0 (one H200), ONE launch, under 9 minutes including
-# start-up (profile_fast.py): an in-flight grid B=1..256 (dense to 16, then every 8) x k=0..3,
-# 3 windows per cell; the request method on 8 batch sizes x 4 k in the same launch (do both
-# methods agree on pure decode?); acceptance under synthetic rates; a second in-flight grid (do
-# two profiles in a row give the same table?).
+# The fast profiler on real vLLM 0.26.0 (one H200), ONE launch (two with WARM_START=1), under
+# 9 minutes including start-up (profile_fast.py): an in-flight grid B=1..256 (dense to 16, then
+# every 8) x k=0..3, 3 windows per cell; the request method on 8 batch sizes x 4 k in the same
+# launch (do both methods agree on pure decode?); acceptance under synthetic rates; a second
+# in-flight grid (do two profiles in a row give the same table?).
 #
 # Usage, on the GPU host from the repository root, after `source .gpu-bundle/p3/device-setup.sh`
 # (shared/gpu/README.md) with this branch's wheel in .gpu-bundle/p3/:
@@ -28,7 +28,11 @@
 # script from start to the report), PORT (8000), COMMIT (git rev-parse HEAD; pass it where the
 # checkout has no .git), SERVER_MODULE (vLLM's api_server), SYNC_S (0.05), CAPTURE_SIZE (unset:
 # vLLM's default; N: --compilation-config max_cudagraph_capture_size N), NAME (profile_fast:
-# the result files' stem), DRIVER_ARGS (more flags for profile_fast.py). A CPU dry run against
+# the result files' stem), DRIVER_ARGS (more flags for profile_fast.py), WARM_START (0; 1: start
+# vLLM once to fill its compile cache, time that cold start to /health, stop it by its process
+# group, start it again and profile that warm engine: the JSON records both start times and the
+# report judges the grid with the warm start, the cold one reported too; WARM_NEEDS_S (250):
+# less left after the cold start and that engine is profiled instead). A CPU dry run against
 # the plugin-based stand-in (about a minute; tests/integration/test_profile_fast_dry_run.py):
 #     WHEEL=none SERVER_MODULE=tests.support.vllm_stand_in PYTHONPATH=src:. BUDGET_S=200 \
 #     DRIVER_ARGS="--max-num-seqs 8 --dense-until 4 --grid-step 4 --cross-check 1,8 \
@@ -69,16 +73,58 @@ if [[ -n ${CAPTURE_SIZE:-} ]]; then
 fi
 
 # vLLM in its own process group, so it is stopped by its id.
-env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics,tabletune_profiler \
-  VLLM_SERVER_DEV_MODE=1 VLLM_USE_V2_MODEL_RUNNER=1 TABLETUNE_ADMIN_OPEN=loopback \
-  TABLETUNE_SYNC_INTERVAL_S="$SYNC_S" setsid python3 -m "$SERVER_MODULE" "${ARGS[@]}" \
-  >"$work/vllm.log" 2>&1 &
-vllm_pid=$!
-launched=$(date +%s)
-stop_vllm() {
+start_vllm() {  # $1: its log
+  env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics,tabletune_profiler \
+    VLLM_SERVER_DEV_MODE=1 VLLM_USE_V2_MODEL_RUNNER=1 TABLETUNE_ADMIN_OPEN=loopback \
+    TABLETUNE_SYNC_INTERVAL_S="$SYNC_S" setsid python3 -m "$SERVER_MODULE" "${ARGS[@]}" \
+    >"$1" 2>&1 &
+  vllm_pid=$!
+  launched=$(date +%s.%N)
+}
+stop_group() {  # every process of vLLM's group (the engine core too: its GPU memory goes)
   kill -TERM -- "-$vllm_pid" 2>/dev/null
-  for _ in $(seq 1 20); do kill -0 "$vllm_pid" 2>/dev/null || break; sleep 1; done
+  for _ in $(seq 1 30); do kill -0 -- "-$vllm_pid" 2>/dev/null || return 0; sleep 1; done
   kill -KILL -- "-$vllm_pid" 2>/dev/null
+  sleep 2
+}
+answers() {  # /health answers within $1 s (0: vLLM died or never answered)
+  local until=$(( $(date +%s) + $1 ))
+  while (( $(date +%s) < until )); do
+    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+      "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && return 0
+    kill -0 "$vllm_pid" 2>/dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
+since() { python3 -c 'import sys, time; print(round(time.time() - float(sys.argv[1]), 1))' "$1"; }
+
+# Warm start: a first launch fills the compile cache; its time to /health is the cold start.
+# When what is left of BUDGET_S no longer holds a second start and a grid (WARM_NEEDS_S), the
+# cold engine is profiled instead (meta.warm_start false: judged as a cold start).
+cold_start_s=null
+before_s=0
+restart=1
+if [[ ${WARM_START:-0} == 1 ]]; then
+  start_vllm "$work/vllm.log"
+  trap stop_group EXIT
+  if answers $((BUDGET_S - 60)); then cold_start_s=$(since "$launched"); fi
+  if [[ $cold_start_s != null ]] \
+      && (( BUDGET_S - ($(date +%s) - started) < ${WARM_NEEDS_S:-250} )); then
+    restart=0
+    echo "cold start: ${cold_start_s} s to /health; no time left for a warm start: profiling it"
+    cold_start_s=null
+  else
+    stop_group
+    mv "$work/vllm.log" "$work/vllm-cold.log"
+    before_s=$(( $(date +%s) - started ))
+    echo "cold start: ${cold_start_s} s to /health; stopped; ${before_s} s of the budget used"
+  fi
+  trap - EXIT
+fi
+(( restart )) && start_vllm "$work/vllm.log"
+stop_vllm() {
+  stop_group
   { grep -E "tabletune|Loaded|plugin|Traceback|Error|Graph capturing|max_cudagraph_capture_size|Capturing CUDA" \
       "$work/vllm.log" | cut -c1-600 | head -80
     echo "----- last 30 lines -----"; tail -30 "$work/vllm.log" | cut -c1-600; } \
@@ -90,10 +136,7 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/nu
 engine=$(python3 -c 'from importlib.metadata import version; print(version("vllm"))' 2>/dev/null \
   || python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo unknown)
 # GPU memory once vLLM answers (weights, KV cache, graphs), for the capture-size comparison.
-( for _ in $(seq 1 600); do
-    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
-      "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
-    kill -0 "$vllm_pid" 2>/dev/null || exit 0; sleep 1; done
+( answers 600 || exit 0
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 \
     >"$work/memory_mib" ) &
 memory_pid=$!
@@ -113,7 +156,8 @@ now=$(date +%s)
 budget=$((BUDGET_S - (now - started) - 25))
 timeout -s INT $((budget + 20)) python3 bench/gpu/profile_fast.py \
   --base "http://127.0.0.1:$PORT" --pid "$vllm_pid" --out "$OUT/$NAME.json" \
-  --meta "$meta" --started-s $((now - launched)) --budget-s "$budget" \
+  --meta "$meta" --started-s "$(since "$launched")" --budget-s "$budget" \
+  --cold-start-s "$cold_start_s" --before-s "$before_s" \
   --vllm-log "$work/vllm.log" --model-path "$MODELS/qwen3-4b" \
   --drafter-path "$MODELS/qwen3-4b-eagle3" --sync-interval-s "$SYNC_S" \
   --memory-file "$work/memory_mib" ${DRIVER_ARGS:-}

@@ -3,9 +3,10 @@
     .venv/bin/python bench/gpu/profile_fast_report.py RAW.json [--out PATH] [--png PATH]
 
 Summary and four goals, each {measured, goal, pass}:
-- grid_with_engine_start: engine start (cold: the host is fresh each time) plus the first
-  in-flight grid's timing (B=1..256 dense to 16 then every 8, k=0..3, 3 windows per cell):
-  <= 180 s.
+- grid_with_engine_start: engine start plus the first in-flight grid's timing (B=1..256 dense
+  to 16 then every 8, k=0..3, 3 windows per cell): <= 180 s. Judged with the start the grid ran
+  on: warm (WARM_START=1: a first launch filled the compile cache) or cold (the host is fresh
+  each time); with a warm start the cold start and the grid with it are reported too.
 - methods_agree: in-flight vs the request method on the cross-check cells, same launch, the
   median over cells of in-flight / request - 1: within +-3 %.
 - tables_repeat: the tables of two in-flight grids in a row (same acceptance) choose the same k
@@ -109,6 +110,7 @@ def off_graph_cells(summary: Row) -> list[Row]:
 def run_summary(summary: Row) -> Row:
     return {
         "wall_time_s": summary["wall_time_s"],
+        "in_flight_events": summary.get("in_flight_events"),
         "cells": summary["cells"],
         "windows_taken_again": summary.get("windows_taken_again"),
         "remeasured": len(summary.get("remeasured", [])),
@@ -124,8 +126,11 @@ def summarize(raw: Row) -> Row:
     runs = raw.get("runs", {})
     first, second = runs.get("run1"), runs.get("run2")
     startup = meta.get("startup_s")
+    cold = meta.get("cold_start_s") if meta.get("warm_start") else startup
     out: Row = {
         "startup_s": startup,
+        "warm_start": bool(meta.get("warm_start")),
+        "cold_start_s": cold,
         "engine": meta.get("engine"),
         "job_wall_s": meta.get("wall_s"),
         "durations_s": raw.get("durations_s", {}),
@@ -137,6 +142,9 @@ def summarize(raw: Row) -> Row:
         out["run1"] = run_summary(first)
         out["grid_wall_with_start_s"] = (
             None if startup is None or timing is None else round(startup + timing, 1)
+        )
+        out["grid_wall_with_cold_start_s"] = (
+            None if cold is None or timing is None else round(cold + timing, 1)
         )
         out["cross_check"] = first.get("cross_check")
         out["off_graph"] = off_graph_cells(first)
@@ -164,7 +172,11 @@ def goals(summary: Row) -> Row:
         "grid_with_engine_start": {
             **_goal(grid, f"<= {GRID_GOAL_S:.0f} s", None if grid is None else grid <= GRID_GOAL_S),
             "engine_start_s": startup,
-            "start": "cold (a fresh host: no compile cache)",
+            "start": "warm (a first launch filled the compile cache)"
+            if summary.get("warm_start")
+            else "cold (a fresh host: no compile cache)",
+            "cold_start_s": summary.get("cold_start_s"),
+            "with_cold_start_s": summary.get("grid_wall_with_cold_start_s"),
         },
         "methods_agree": _goal(
             None if check is None else check["median_difference"],

@@ -117,6 +117,22 @@ def test_goals_pass_and_fail_on_the_numbers(report: ModuleType) -> None:
     assert goals["tables_repeat"]["measured"] == pytest.approx(252 / 256)
     assert goals["tables_repeat"]["pass"] is True
     assert goals["job_within_9_minutes"]["pass"] is True
+    cold = goals["grid_with_engine_start"]
+    assert cold["start"].startswith("cold") and cold["cold_start_s"] == 120.0
+    assert cold["with_cold_start_s"] == 215.0
+
+
+def test_a_warm_start_is_judged_with_the_grid_and_the_cold_one_reported(
+    report: ModuleType,
+) -> None:
+    meta = {"startup_s": 70.0, "warm_start": True, "cold_start_s": 130.0, "wall_s": 400.0}
+    goal = report.goals(report.summarize(raw(meta=meta)))["grid_with_engine_start"]
+    assert goal["measured"] == 165.0 and goal["pass"] is True  # 70 s warm start + 95 s grid
+    assert goal["start"].startswith("warm") and goal["engine_start_s"] == 70.0
+    assert goal["cold_start_s"] == 130.0 and goal["with_cold_start_s"] == 225.0
+    never = {**meta, "cold_start_s": None}  # the cold launch never answered
+    goal = report.goals(report.summarize(raw(meta=never)))["grid_with_engine_start"]
+    assert goal["pass"] is True and goal["with_cold_start_s"] is None
 
 
 def test_missing_parts_give_no_verdict(report: ModuleType) -> None:

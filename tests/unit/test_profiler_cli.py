@@ -38,7 +38,7 @@ def test_defaults_are_pinned() -> None:
         seed=0,
     )
     assert InFlightSettings() == InFlightSettings(
-        window_steps=16,
+        window_steps=8,
         window_max_s=0.25,
         min_window_steps=4,
         max_context=256,

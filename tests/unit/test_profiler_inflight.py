@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from tabletune.profiler.errors import MeasurementError
-from tabletune.profiler.inflight import InFlightMeasurer
+from tabletune.profiler.inflight import PHASES, READING, InFlightMeasurer
 from tabletune.profiler.inflight_plan import (
     Group,
     Holding,
@@ -21,6 +21,7 @@ from tabletune.profiler.inflight_plan import (
 from tabletune.profiler.progress import QuietReporter
 from tabletune.profiler.records import WindowSample
 from tabletune.profiler.settings import InFlightSettings, TimingSettings
+from tabletune.profiler.step_reading import StepReading
 from tabletune.schemas.shape import PrefillStream
 from tests.unit.profiler_stepper import SteppingEngine, linear_ms
 
@@ -103,6 +104,39 @@ def test_going_up_adds_requests_and_contexts_stay_under_the_cap() -> None:
     assert all(max_tokens == 128 - 32 + 64 for _, _, max_tokens in engine.sent)
 
 
+def test_the_wall_time_is_split_by_phase_and_the_costly_events_counted() -> None:
+    engine = SteppingEngine()
+    put = engine.set_k_everywhere
+
+    def slow_put(k: int, max_num_seqs: int) -> None:  # a round trip of 10 ms; steps go on
+        engine.sleep(0.01)
+        put(k, max_num_seqs)
+
+    engine.set_k_everywhere = slow_put  # type: ignore[method-assign]
+    read = engine.step_reading
+
+    def slow_read() -> StepReading:  # a /metrics read of 2 ms
+        engine.sleep(0.002)
+        return read()
+
+    engine.step_reading = slow_read  # type: ignore[method-assign]
+    windows: list[WindowSample] = []
+    m = measurer(engine, in_flight=replace(IN_FLIGHT, max_context=128), windows=windows)
+    started = engine.clock()
+    result = m.measure((1, 2, 3, 4), (0, 1))
+    elapsed = engine.clock() - started
+    assert set(m.phases_s) == {*PHASES, READING}
+    assert m.phases_s["k_switch"] == pytest.approx(0.01 * len(engine.puts))
+    assert m.phases_s[READING] == pytest.approx(0.002 * result.events["reads"])
+    assert result.events["k_switches"] == len(engine.puts)
+    assert sum(w.seconds for w in windows) <= m.phases_s["fill"]  # a window's steps run there
+    assert m.phases_s["stop"] > 0 and m.phases_s["settle"] > 0
+    assert sum(m.phases_s[p] for p in PHASES) <= elapsed + 1e-9  # none counted twice
+    assert result.events["windows"] == len(windows) == 4 * 2 * 3
+    assert result.events["fresh_starts"] == m.fresh_starts >= 2
+    assert result.events["fresh_starts"] + result.events["adds"] == len(engine.sent)
+
+
 def test_starting_over_often_keeps_the_idle_wait_at_a_few_syncs() -> None:
     """The gap across an idle engine is no sync interval: it must not stretch the next wait."""
     engine = SteppingEngine(sync_s=0.05)
@@ -132,7 +166,7 @@ def test_a_lone_disturbance_is_re_measured_and_a_real_jump_is_flagged_noisy() ->
     disturbed = {"steps": 0}
 
     def step_ms(b: int, k: int) -> float:
-        if (b, k) == (3, 1) and disturbed["steps"] < 16:  # in the first window only
+        if (b, k) == (3, 1) and disturbed["steps"] < IN_FLIGHT.window_steps:  # first window only
             disturbed["steps"] += 1
             return 4 * linear_ms(b, k)
         if (b, k) == (20, 2):

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from tabletune.profiler.engine import EngineHttp
+from tabletune.profiler.errors import MeasurementError
+from tabletune.profiler.inflight import PHASES
 from tabletune.profiler.progress import QuietReporter
 from tabletune.profiler.records import RawRecord
 from tabletune.profiler.run import ProfileRequest, ProfileRun
@@ -40,12 +42,15 @@ GRID = (1, 2, 3, 4, 12, 20, 28, 32)
 
 
 def profile_in_flight(
-    tmp_path: Path, settings: ProfilerSettings = SETTINGS, engine_log: Path | None = None
+    tmp_path: Path,
+    settings: ProfilerSettings = SETTINGS,
+    engine_log: Path | None = None,
+    fail_with: str | None = None,
 ) -> ProfileRun:
     fake = FakeEngine(
         FakeConfig(step_ms=linear_ms, prefill_ms=0.0, overhead_ms=0.0, max_num_seqs=MAX)
     )
-    stepper = SteppingEngine(k_at=fake.k_at)
+    stepper = SteppingEngine(k_at=fake.k_at, fail_with=fail_with)
     fake.extra_metrics = lambda: metrics_text(stepper.step_reading())
     request = ProfileRequest(
         output=tmp_path / "inflight.json",
@@ -100,11 +105,23 @@ def test_in_flight_profile_writes_exact_times_shape_graphs_and_agreement(tmp_pat
     assert check["median_difference"] == pytest.approx(0.0, abs=1e-6)  # both exact here
     assert summary["timing_method"] == "in-flight" and summary["windows_taken_again"] == 0
     assert summary["cuda_graphs"]["not_full"]["3,0"] == "eager"
+    # where the timing's wall time went, and how often the costly things happened
+    phases = {f"timing.{name}" for name in PHASES}
+    assert phases <= set(meta.wall_time_s) == set(summary["wall_time_s"])
+    assert summary["in_flight_events"]["windows"] == len(GRID) * 4 * 3
     raw = RawRecord.model_validate_json(run.paths.raw.read_text())
     assert raw.timing_method == "in-flight" and len(raw.windows) == len(GRID) * 4 * 3
     assert len(raw.cross_check_samples) == 2 * 4 * 3 and raw.samples == []
     assert profile.acceptance is not None
     assert "bundled chat prompts" in profile.acceptance.prompt_source
+
+
+def test_a_failed_timing_still_shows_where_its_time_went(tmp_path: Path) -> None:
+    with pytest.raises(MeasurementError, match="a timed request failed"):
+        profile_in_flight(tmp_path, fail_with="1 requests: HTTP 500")
+    raw = RawRecord.model_validate_json((tmp_path / "inflight.raw.json").read_text())
+    assert raw.incomplete
+    assert {f"timing.{name}" for name in PHASES} <= set(raw.metadata.wall_time_s)
 
 
 def test_a_prefill_stream_is_recorded_as_the_profiles_shape(tmp_path: Path) -> None:

@@ -412,8 +412,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     method.add_argument(
         "--window-steps",
         type=_positive_int,
-        default=16,
-        help="steps per window, one sample each (default 16)",
+        default=8,
+        help="steps per window, one sample each (default 8)",
     )
     method.add_argument(
         "--max-context",

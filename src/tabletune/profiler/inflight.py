@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 from tabletune.profiler.errors import MeasurementError
@@ -46,6 +47,14 @@ from tabletune.schemas.shape import PrefillStream, TimingShape
 from tabletune.step_cells import CellTotals
 
 log = logging.getLogger("tabletune.profiler")
+
+PHASES = ("stop", "settle", "k_switch", "fill")
+"""where the in-flight measurer's wall time goes: stopping every request and waiting for the
+engine to go idle (fresh starts), sending requests and waiting until they decode (fresh starts
+and going up in B), setting k, and waiting for a window's steps (its own steps, the steps at the
+old k before the switch lands, and the wait for the sync that shows them)"""
+READING = "read"
+"""wall time inside the /metrics reads (part of the phases above: is the server slow to answer?)"""
 
 
 class StepCellEngine(Protocol):
@@ -92,7 +101,20 @@ class InFlightMeasurer:
         self._idle_since_change = False
         self._windows: dict[CellKey, list[WindowSample]] = {}
         self.refused: list[str] = []
-        self.fresh_starts = 0
+        self.phases_s = dict.fromkeys((*PHASES, READING), 0.0)
+        self.events: Counter[str] = Counter()
+
+    @property
+    def fresh_starts(self) -> int:
+        return self.events["fresh_starts"]
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        started = self._clock()
+        try:
+            yield
+        finally:
+            self.phases_s[name] += self._clock() - started
 
     # -- readings and k ----------------------------------------------------------------------
     def _read(self) -> StepReading:
@@ -101,7 +123,10 @@ class InFlightMeasurer:
         errors = self._traffic.failures()
         if errors:
             raise MeasurementError(f"a timed request failed: {errors[0]}")
+        started = self._clock()
         reading = self._engine.step_reading()
+        self.phases_s[READING] += self._clock() - started
+        self.events["reads"] += 1
         if reading != self._read_last:
             now = self._clock()
             if not self._idle_since_change:  # a gap across an idle engine is no sync interval
@@ -134,8 +159,10 @@ class InFlightMeasurer:
 
     def _set_k(self, k: int) -> None:
         if k != self._k:
-            self._engine.set_k_everywhere(k, self._max)
+            with self._phase("k_switch"):
+                self._engine.set_k_everywhere(k, self._max)
             self._k = k
+            self.events["k_switches"] += 1
 
     # -- holding B requests ------------------------------------------------------------------
     def _send(self, count: int) -> None:
@@ -159,12 +186,14 @@ class InFlightMeasurer:
         if action == "keep":
             return
         if action == "fresh":
-            self._stop()
-            self.fresh_starts += 1
-        self._send(batch - self._holding.running)
-        if self._in.prefill_stream is not None:
-            self._traffic.start_stream(self._in.prefill_stream)
-        self._settle(batch)
+            with self._phase("stop"):
+                self._stop()
+        self.events["fresh_starts" if action == "fresh" else "adds"] += 1
+        with self._phase("settle"):
+            self._send(batch - self._holding.running)
+            if self._in.prefill_stream is not None:
+                self._traffic.start_stream(self._in.prefill_stream)
+            self._settle(batch)
 
     def _stop(self) -> None:
         """Stop every request (and the prefill stream) and wait for the engine to go idle."""
@@ -204,6 +233,10 @@ class InFlightMeasurer:
         return totals.steps >= self._in.min_window_steps and totals.seconds >= self._in.window_max_s
 
     def _fill(self, batch: int, k: int, before: StepReading) -> StepReading:
+        with self._phase("fill"):
+            return self._fill_window(batch, k, before)
+
+    def _fill_window(self, batch: int, k: int, before: StepReading) -> StepReading:
         deadline = self._clock() + self._in.window_timeout_s
         while self._clock() < deadline:
             self._sleep(self._in.poll_s)
@@ -264,6 +297,7 @@ class InFlightMeasurer:
             step_ms=1000.0 * totals.mean_s,
         )
         self._windows.setdefault((batch, k), []).append(sample)
+        self.events["windows"] += 1
         self._on_window(sample)
         return sample.step_ms
 
@@ -306,9 +340,11 @@ class InFlightMeasurer:
         finally:
             self._traffic.stop_stream()
             self._traffic.stop_all()
-        self._wait_idle()  # nothing of this phase runs into the next
+        with self._phase("stop"):
+            self._wait_idle()  # nothing of this phase runs into the next
         result.details = {cell: details_of(windows) for cell, windows in self._windows.items()}
         result.refused = list(self.refused)
+        result.events = dict(self.events)
         return result
 
 

@@ -29,6 +29,8 @@ class TimingResult:
     """what the cells' steps carried (context, tokens per step), where measured"""
     refused: list[str] = field(default_factory=list)
     """in-flight windows taken again, and why"""
+    events: dict[str, int] = field(default_factory=dict)
+    """in-flight: how often each costly thing happened (fresh starts, adds, k switches, windows)"""
 
 
 def check_all_rejected(delta: SpecCounters) -> None:

@@ -456,8 +456,9 @@ class ProfileRun:
             )
             try:
                 result = measurer.measure(self.grid, self.request.profiled_ks)
-            finally:
+            finally:  # (an interrupted run's .raw.json shows where its time went too)
                 self.refused = list(measurer.refused)
+                self.wall.update({f"timing.{n}": s for n, s in measurer.phases_s.items()})
         finally:
             traffic.close()
         check_all_rejected(engine.counters().minus(before))
@@ -566,6 +567,7 @@ def summary_of(outcome: ProfileOutcome, timing: TimingResult) -> dict[str, Any]:
         "remeasured": [list(c) for c in timing.remeasured],
         "noisy": [list(c) for c in sorted(timing.noisy)],
         "windows_taken_again": len(timing.refused),
+        "in_flight_events": dict(timing.events) or None,
         "cuda_graphs": {
             "max_capture_size": None
             if meta.cuda_graphs is None

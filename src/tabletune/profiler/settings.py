@@ -56,8 +56,9 @@ class TimingSettings:
 class InFlightSettings:
     """The in-flight method: how long a window is, how requests are kept, what rides along."""
 
-    window_steps: int = 16
-    """a window (one sample) ends once this many steps at (B, k) are counted..."""
+    window_steps: int = 8
+    """a window (one sample) ends once this many steps at (B, k) are counted (on the first sync
+    that shows them: at small B a sync interval holds ~10 steps, so a window holds ~8-20)..."""
     window_max_s: float = 0.25
     """...or once its steps took this long, if it has ``min_window_steps`` (slow cells)"""
     min_window_steps: int = 4
