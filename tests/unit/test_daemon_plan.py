@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from tabletune import __version__
@@ -16,6 +17,7 @@ from tabletune.daemon.plan import (
     PushTable,
     RollBack,
     SetPluginSettings,
+    load_moved,
     min_range_width,
     plan_replica,
 )
@@ -131,3 +133,47 @@ def test_directed_bursts_run_only_at_the_chosen_k_and_stop_when_none_is_worth_it
     assert none.effects == (SetPluginSettings(50, 2, 0, 4, ()),)
     adjacent = plan_replica(_runtime(), _inputs(explore_ks=None), settings=SETTINGS, dry_run=False)
     assert adjacent.effects == ()  # the running settings are already the adjacent ones
+
+
+def _held_back_inputs() -> PlanInputs:
+    # k=3 is far better than the running k at B=40 by the means, but the step times are so
+    # uncertain that the noise bar keeps the running table: a gain held back by noise.
+    sigma = np.full((len(POOL.step_times.ks), POOL.step_times.max_batch), 0.5)
+    estimates = Estimates(step_times=POOL.step_times, rates=POOL.prior, relative_sigma=sigma)
+    return _inputs(estimates=estimates, rates_moved=True)
+
+
+def test_a_gain_held_back_by_noise_is_said_so() -> None:
+    plan = plan_replica(_runtime(), _held_back_inputs(), settings=SETTINGS, dry_run=False)
+    assert plan.decision is not None and not plan.decision.push
+    assert plan.decision.held_back
+    clear = plan_replica(_runtime(), _inputs(rates_moved=True), settings=SETTINGS, dry_run=False)
+    assert clear.decision is not None and clear.decision.push and not clear.decision.held_back
+
+
+def test_a_held_back_decision_is_made_again_once_its_recheck_time_has_passed() -> None:
+    # The estimates may not move past the replan thresholds while their uncertainty shrinks:
+    # on the emulator a held-back table then stayed for good (the acceptance-switch test).
+    recheck = SETTINGS.decision.recheck_held_back_s
+    rt = _runtime(held_back=True, decided_at=NOW - recheck / 2)
+    assert plan_replica(rt, _inputs(), settings=SETTINGS, dry_run=False).decision is None
+    rt = _runtime(held_back=True, decided_at=NOW - recheck)
+    plan = plan_replica(rt, _inputs(), settings=SETTINGS, dry_run=False)
+    assert plan.decision is not None and plan.decision.push
+    rt = _runtime(held_back=False, decided_at=NOW - 10 * recheck)
+    assert plan_replica(rt, _inputs(), settings=SETTINGS, dry_run=False).decision is None
+
+
+def test_a_load_that_moved_since_the_last_decision_calls_for_a_new_one() -> None:
+    # The gain a decision weighed is the recent load's; a diurnal load that moves on leaves
+    # batch sizes the decision never weighed (the emulator's acceptance switch: one decision
+    # at B~60, then none while the load swept to 256 and the table there stayed wrong).
+    assert load_moved(None, {40: 1.0})
+    assert not load_moved(40.0, {40: 0.5, 44: 0.5})  # within one 8-wide cell
+    assert load_moved(40.0, {64: 1.0})
+    assert not load_moved(200.0, {215: 1.0})  # within 10 % of a large load
+    assert load_moved(200.0, {240: 1.0})
+    assert not load_moved(40.0, {})  # no load seen: nothing moved
+    rt = _runtime(decided_load=40.0)
+    plan = plan_replica(rt, _inputs(load_moved=True), settings=SETTINGS, dry_run=False)
+    assert plan.decision is not None

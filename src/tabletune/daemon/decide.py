@@ -13,7 +13,14 @@ import numpy as np
 from tabletune.admin.protocol import TableView
 from tabletune.daemon.settings import DecisionSettings
 from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
-from tabletune.solver import SolverError, StepTimes, TableProblem, predicted_gain, solve
+from tabletune.solver import (
+    Solution,
+    SolverError,
+    StepTimes,
+    TableProblem,
+    predicted_gain,
+    solve,
+)
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,9 @@ class Decision:
     new: tuple[Range, ...] | None = None
     current: tuple[Range, ...] | None = None
     gain: float | None = None  # predicted relative goodput change over the recent load
+    # Where the load runs, a k better by more than the stickiness was not taken because the
+    # estimate's noise hid the gain: more evidence may clear it without moving the estimate.
+    held_back: bool = False
 
     @property
     def edges_moved(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -92,13 +102,20 @@ def decide(
     new = solution.ranges
     if current is None:
         return Decision(push=True, reason=f"current table unreadable ({current_problem})", new=new)
-    if _same_lookup(current, new, max_batch, view.num_speculative_tokens):
-        return Decision(push=False, reason="the table is already right", new=new, current=current)
     weights = {min(max(1, b), max_batch): 0.0 for b in load_weights}
     for b, w in load_weights.items():
         weights[min(max(1, b), max_batch)] += w
     if sum(weights.values()) <= 0:
         weights = {b: 1.0 for b in range(1, max_batch + 1)}  # no load seen: every load alike
+    held = _held_back(solution, weights, settings.stickiness)
+    if _same_lookup(current, new, max_batch, view.num_speculative_tokens):
+        return Decision(
+            push=False,
+            reason="the table is already right" + (" (a gain within the noise)" if held else ""),
+            new=new,
+            current=current,
+            held_back=held,
+        )
     try:
         gain = predicted_gain(
             step_times, rates, current, new, weights, max_k=view.num_speculative_tokens
@@ -126,6 +143,17 @@ def decide(
         new=new,
         current=current,
         gain=gain,
+        held_back=held,
+    )
+
+
+def _held_back(solution: Solution, weights: Mapping[int, float], stickiness: float) -> bool:
+    """At a batch size the load runs at, the best k beats the chosen one by more than the
+    stickiness: only the noise bar (or a narrow range merged away) kept it out."""
+    return any(
+        solution.best_goodput[b - 1] > solution.goodput[b - 1] * (1.0 + stickiness)
+        for b, w in weights.items()
+        if w > 0
     )
 
 

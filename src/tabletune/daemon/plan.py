@@ -54,6 +54,7 @@ class PlanInputs:
     rates_moved: bool  # a_hat was rebuilt and moved since the last decision
     estimate_ready: bool  # a_hat may be decided on (rebuilt once, or first sight allowed)
     step_time_moved: bool  # T_hat where the load runs moved since the last decision
+    load_moved: bool = False  # the load is elsewhere than where the last decision weighed it
     explore_ks: tuple[int, ...] | None = None  # directed bursts (empty: none); None: adjacent
 
 
@@ -103,6 +104,28 @@ def estimates_moved(
     return ratio_moved, rates_moved
 
 
+# The load must move by more than this many batch sizes, or this share, to call for a new
+# decision: one 8-wide cell of the step timer, or a tenth of a large load.
+LOAD_REPLAN_BATCHES = 8
+LOAD_REPLAN_SHARE = 0.1
+
+
+def mean_load(weights: Mapping[int, float]) -> float | None:
+    """The load-weighted mean batch size (None: no load seen)."""
+    total = sum(weights.values())
+    return sum(b * w for b, w in weights.items()) / total if total > 0 else None
+
+
+def load_moved(decided_load: float | None, weights: Mapping[int, float]) -> bool:
+    """Whether the load left the batch sizes the last decision weighed its gain over."""
+    now = mean_load(weights)
+    if now is None:
+        return False
+    if decided_load is None:
+        return True
+    return abs(now - decided_load) > max(LOAD_REPLAN_BATCHES, LOAD_REPLAN_SHARE * decided_load)
+
+
 def min_range_width(settings: DaemonSettings) -> int:
     """No range narrower than the plugin's hysteresis band (a load inside a narrower range
     would keep the k of a neighbour and never run it)."""
@@ -126,8 +149,16 @@ def plan_replica(
         )
         if verdict.outcome == "drop" and not dry_run:
             return ReplicaPlan((*effects, RollBack(rt.pending, verdict)), verdict=verdict)
+    recheck = rt.held_back and inputs.now - rt.decided_at >= settings.decision.recheck_held_back_s
     due = inputs.rates_moved or (
-        inputs.estimate_ready and (inputs.restart or rt.needs_decision or inputs.step_time_moved)
+        inputs.estimate_ready
+        and (
+            inputs.restart
+            or rt.needs_decision
+            or inputs.step_time_moved
+            or inputs.load_moved
+            or recheck
+        )
     )
     if not due:
         return ReplicaPlan(tuple(effects), verdict=verdict)

@@ -25,7 +25,14 @@ from tabletune.daemon.guard import goodput_sample, view_ranges
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation
 from tabletune.daemon.outcomes import Outcomes
-from tabletune.daemon.plan import PlanInputs, ReplicaPlan, estimates_moved, plan_replica
+from tabletune.daemon.plan import (
+    PlanInputs,
+    ReplicaPlan,
+    estimates_moved,
+    load_moved,
+    mean_load,
+    plan_replica,
+)
 from tabletune.daemon.replica_io import ReplicaIo, Round
 from tabletune.daemon.retry import with_retries
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
@@ -135,7 +142,7 @@ class ReplicaTurn:
         plan = plan_replica(rt, inputs, settings=self.settings, dry_run=self.dry_run)
         self._log_plan(rt, plan, now)
         if plan.decision is not None:
-            self._note_decision(rt, plan.decision, ratio, turn.unit.rates, report)
+            self._note_decision(rt, plan.decision, ratio, turn.unit.rates, now, report)
         if not plan.effects:
             return
         effects, call, client = plan.effects, partial(self._call, turn.admin.deadline), turn.client
@@ -172,6 +179,7 @@ class ReplicaTurn:
             # counts come from exploration alone and the first rebuild takes minutes).
             estimate_ready=unit.rebuilds > 0 or self.settings.decision.first_sight_from_prior,
             step_time_moved=step_time_moved,
+            load_moved=load_moved(rt.decided_load, rt.loads.weights),
             explore_ks=(
                 replica_exploration(rt, view, estimate, unit.rates, self.settings)
                 if use_live
@@ -274,11 +282,14 @@ class ReplicaTurn:
         decision: Decision,
         ratio: np.ndarray,
         rates: tuple[float, ...],
+        now: float,
         report: CycleReport,
     ) -> None:
         report.decisions[rt.replica] = decision
         rt.needs_decision = False
         rt.decided_ratio, rt.decided_rates = ratio, rates
+        rt.decided_at, rt.held_back = now, decision.held_back
+        rt.decided_load = mean_load(rt.loads.weights)
         if decision.gain is not None:
             self.metrics.predicted_gain.labels(rt.replica).set(decision.gain)
         if decision.push and self.dry_run:

@@ -34,6 +34,9 @@ class ReplicaRuntime:
     # What the last decision was made from: T_hat / profile per cell, and a_hat.
     decided_ratio: np.ndarray | None = None
     decided_rates: tuple[float, ...] | None = None
+    decided_at: float = 0.0
+    decided_load: float | None = None  # the load-weighted mean batch size it weighed
+    held_back: bool = False  # the last decision kept a gain out as noise: recheck it later
 
 
 @dataclass

@@ -210,6 +210,12 @@ class DecisionSettings(_Group):
         gt=0,
         description="decide again when T_hat where the load runs moved by more than this",
     )
+    recheck_held_back_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="decide again this long after a decision that kept a gain out as noise "
+        "(evidence can clear it without moving the estimates past replan_change)",
+    )
     first_sight_from_prior: bool = Field(
         default=True,
         description=(
