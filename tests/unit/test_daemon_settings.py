@@ -63,6 +63,7 @@ DEFAULTS = {
         "load_memory": 0.8,
         "confidence_z": 1.0,
         "replan_change": 0.02,
+        "recheck_held_back_s": 30.0,
         "first_sight_from_prior": True,
     },
     "plugin": {
