@@ -35,6 +35,7 @@ import asyncio
 import json
 import tempfile
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 
 from live_daemon import Run as DaemonRun  # this script's folder is first on sys.path
@@ -85,15 +86,14 @@ def read_table(path: str) -> list[list[int]]:
 class Run(DaemonRun):
     """The loads in turn; the arms' tables are fixed except the daemon's, set per load."""
 
-    @property
+    @cached_property
     def measured_table(self) -> list[list[int]]:
         return read_table(self.args.measured_table)
 
     def arm_tables(self, daemon_table: list[list[int]]) -> dict[str, list[list[int]]]:
-        top = self.args.max_num_seqs
         every = {
-            **{f"k{k}": [[1, top, k]] for k in range(4)},
-            "documented": documented_table(top),
+            **{f"k{k}": self.fixed_table(k) for k in range(4)},
+            "documented": documented_table(self.args.max_num_seqs),
             "measured": self.measured_table,
             "daemon": daemon_table,
         }
@@ -134,8 +134,7 @@ class Run(DaemonRun):
             final = await self.run_daemon(f"{part}-daemon", start, seconds, event=event)
             record["daemon_table"] = final
             self.save()
-            top = self.args.max_num_seqs
-            tables = {**{f"k{k}": [[1, top, k]] for k in (1, 2, 3)},
+            tables = {**{f"k{k}": self.fixed_table(k) for k in (1, 2, 3)},
                       "before": record["table_at_change"], "after": final}  # fmt: skip
             await self.rotate(part, tables)
         finally:
@@ -228,9 +227,7 @@ async def run(args: argparse.Namespace) -> int:
         before, after, clients = parse_change(args.shape_change)
         await live.part(change_part(before, after, clients), live.change_needs_s(),
                         lambda: live.shape_change(before, after, clients))  # fmt: skip
-    live.save()
-    print(f"wrote {args.out}", flush=True)
-    return 0 if not result["errors"] else 2
+    return live.finish()
 
 
 def main() -> int:

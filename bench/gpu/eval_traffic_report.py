@@ -27,20 +27,21 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import goal  # noqa: E402
 from live_daemon_report import replay  # noqa: E402  (this script's folder is first on sys.path)
-
-from tabletune.step_cells import cells_from_wire  # noqa: E402
+from live_step_time_report import pooled, throughput  # noqa: E402
 
 Row = dict[str, Any]
 FIXED = ("k0", "k1", "k2", "k3")
 SINGLE_K = 0.99  # an arm whose steps ran at one k this often is that fixed-k configuration
 
 
-def arm_summary(values: list[float], running: list[float]) -> Row:
-    mean = statistics.fmean(values)
+def arm_summary(windows: list[Row]) -> Row:
+    """One arm's windows: tokens/s, their mean and relative range, the mean running batch."""
+    spread = throughput(windows)
+    running = [w["mean_running"] for w in windows if w["mean_running"] is not None]
     return {
-        "tokens_per_s": [round(v, 1) for v in values],
-        "mean": round(mean, 1),
-        "relative_range": relative_range(values) if mean else None,
+        "tokens_per_s": [round(v, 1) for v in spread["tokens_per_s"]],
+        "mean": round(spread["mean"], 1),
+        "relative_range": None if spread["range_rel"] is None else round(spread["range_rel"], 4),
         "mean_running": round(statistics.fmean(running), 1) if running else None,
     }
 
@@ -49,9 +50,8 @@ def k_mix(windows: list[Row]) -> dict[int, float]:
     """Share of an arm's decoding steps at each k (the plugin's step cells): under traffic
     with prefill the decode batch moves, so a table may run several k at one load."""
     steps: dict[int, float] = {}
-    for window in windows:
-        for (k, _, _), totals in cells_from_wire(window["cells"])[0].items():
-            steps[k] = steps.get(k, 0.0) + totals.steps
+    for (k, _, _), totals in pooled(windows).items():
+        steps[k] = steps.get(k, 0.0) + totals.steps
     total = sum(steps.values())
     return {k: round(n / total, 4) for k, n in sorted(steps.items())} if total else {}
 
@@ -66,9 +66,7 @@ def load_report(raw: Row, part: str) -> Row | None:
         return None
     arms: dict[str, Row] = {}
     for arm in dict.fromkeys(w["arm"] for w in windows):
-        mine = [w for w in windows if w["arm"] == arm]
-        running = [w["mean_running"] for w in mine if w["mean_running"] is not None]
-        arms[arm] = arm_summary([w["tokens_per_s"] for w in mine], running)
+        arms[arm] = arm_summary([w for w in windows if w["arm"] == arm])
     fixed = {arm: arms[arm] for arm in FIXED if arm in arms}
     best = max(fixed, key=lambda arm: fixed[arm]["mean"])
     for name, arm in arms.items():

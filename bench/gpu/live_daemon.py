@@ -74,14 +74,13 @@ class Run(StepTimeRun):
 
     @property
     def tables(self) -> dict[str, list[list[int]]]:
-        top = self.args.max_num_seqs
-        found = {"k2": [[1, top, 2]], "k3": [[1, top, 3]]}
+        found = {"k2": self.fixed_table(2), "k3": self.fixed_table(3)}
         if self.result.get("daemon_table"):
             found["daemon"] = self.result["daemon_table"]
         return found
 
     async def bursts(self) -> None:
-        await self.put_table([[1, self.args.max_num_seqs, 3]])
+        await self.put_table(self.fixed_table(3))
         settings = {**STATIC, "neighbour_interval": self.args.burst_interval,
                     "neighbour_burst": self.args.burst}  # fmt: skip
         await self.server.put(SETTINGS_PATH, settings)
@@ -153,7 +152,7 @@ class Run(StepTimeRun):
         return list(view["table"])
 
     async def overhead(self) -> None:
-        await self.put_table([[1, self.args.max_num_seqs, 3]])
+        await self.put_table(self.fixed_table(3))
         await asyncio.sleep(self.args.warmup_s / 2)
         per_window = self.args.overhead_window_s + self.args.settle_s + 1.5
         rounds = max(
@@ -211,9 +210,7 @@ async def run(args: argparse.Namespace) -> int:
         load = live.closed_loop(seed=2, shape=FIXED_LENGTHS)
         await live.part("overhead", 6 * (args.overhead_window_s + 4) + 10, live.overhead)
         await load.drain()
-    live.save()
-    print(f"wrote {args.out}", flush=True)
-    return 0 if not result["errors"] else 2
+    return live.finish()
 
 
 def main() -> int:

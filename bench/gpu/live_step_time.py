@@ -292,8 +292,18 @@ class Run:
         print(json.dumps({k: row[k] for k in ("part", "arm", "tokens_per_s")}), flush=True)
         return row
 
+    def fixed_table(self, k: int) -> list[list[int]]:
+        """One range: k at every batch size the engine runs."""
+        return [[1, self.args.max_num_seqs, k]]
+
     async def put_fixed_k(self, k: int) -> None:
-        await self.server.put(TABLE_PATH, {"table": [[1, self.args.max_num_seqs, k]]})
+        await self.server.put(TABLE_PATH, {"table": self.fixed_table(k)})
+
+    def finish(self) -> int:
+        """The JSON written a last time; the exit code: 2 when a part failed."""
+        self.save()
+        print(f"wrote {self.args.out}", flush=True)
+        return 0 if not self.result["errors"] else 2
 
     async def fixed_k(self) -> None:
         await self.server.put(SETTINGS_PATH, STATIC)
@@ -366,9 +376,7 @@ async def run(args: argparse.Namespace) -> int:
     load = live.closed_loop(seed=2)
     await live.part("overhead", 6 * window_part_s + args.warmup_s / 2, live.overhead)
     await load.drain()
-    live.save()
-    print(f"wrote {args.out}", flush=True)
-    return 0 if not result["errors"] else 2
+    return live.finish()
 
 
 def main() -> int:
