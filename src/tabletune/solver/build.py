@@ -112,8 +112,8 @@ def _noise_aware_choice(
     better = np.argmax(np.where(eligible, g[:, None], -np.inf), axis=0)
     fixed = reference >= 0
     ref = np.maximum(reference, 0)
-    choice = np.where(fixed & ~clear[ref, columns], reference, better[ref, columns])
-    choice = np.where(fixed, choice, best)
+    from_reference = np.where(clear[ref, columns], better[ref, columns], reference)
+    choice = np.where(fixed, from_reference, best)
     switches: dict[int, np.ndarray] = {}  # per row, the columns where it is clearly beaten
     for start, end, is_fixed in compress(fixed.tolist()):
         if is_fixed:
