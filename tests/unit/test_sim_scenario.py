@@ -77,9 +77,16 @@ def test_repair_starts_from_the_quarter_documented_table() -> None:
     assert scenario.engine.max_num_seqs == 256
 
 
-def test_packaged_sample_profile_is_the_examples_one() -> None:
-    packaged = (PACKAGED_DIR / "sample-profile.json").read_text(encoding="utf-8")
-    assert packaged == (REPO / "examples" / "sample-profile.json").read_text(encoding="utf-8")
+@pytest.mark.parametrize(
+    ("packaged_name", "original"),
+    [
+        ("sample-profile.json", "examples/sample-profile.json"),
+        ("h200-inflight-profile.json", "profiles/h200-qwen3-4b-eagle3-inflight.json"),
+    ],
+)
+def test_packaged_profiles_are_copies_of_the_repositorys(packaged_name: str, original: str) -> None:
+    packaged = (PACKAGED_DIR / packaged_name).read_text(encoding="utf-8")
+    assert packaged == (REPO / original).read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(
