@@ -265,6 +265,10 @@ def main() -> int:
             parse_change(args.shape_change)
     except ValueError as error:
         parser.error(str(error))
+    try:
+        read_table(args.measured_table)
+    except (OSError, KeyError, TypeError, ValueError) as error:
+        parser.error(f"--measured-table {args.measured_table}: no table file ({error!r})")
     unknown = set(args.arms.split(",")) - set(ARMS)
     if unknown:
         parser.error(f"--arms: unknown {sorted(unknown)}; known: {','.join(ARMS)}")

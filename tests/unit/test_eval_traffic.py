@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -215,3 +217,24 @@ def test_the_shape_change_report_times_the_new_table_and_the_gap(report: ModuleT
     assert change["new_table_in_force_by_s"] == 30.0
     assert change["share_of_gap_recovered"] == {"30s": 0.5, "60s": 0.95, "90s": 1.0}
     assert result["goals"]["shape_change"]["pass"] is True
+
+
+def test_a_bad_measured_table_file_is_a_one_line_error(tmp_path: Path) -> None:
+    bad = tmp_path / "t.json"
+    bad.write_text('{"x": 1}')
+    done = subprocess.run(
+        [
+            sys.executable,
+            "bench/gpu/eval_traffic.py",
+            "--out",
+            str(tmp_path / "o.json"),
+            "--measured-table",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": "src", "PATH": ""},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 2 and "--measured-table" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "o.json").exists()
