@@ -28,8 +28,10 @@
 # script from start to the report), PORT (8000), COMMIT (git rev-parse HEAD; pass it where the
 # checkout has no .git), SERVER_MODULE (vLLM's api_server), SYNC_S (0.05), CAPTURE_SIZE (unset:
 # vLLM's default; N: --compilation-config max_cudagraph_capture_size N), NAME (profile_fast:
-# the result files' stem), DRIVER_ARGS (more flags for profile_fast.py), WARM_START (0; 1: start
-# vLLM once to fill its compile cache, time that cold start to /health, stop it by its process
+# the result files' stem), TARGET (qwen3-4b: a config folder under MODELS), DRAFTER
+# ($TARGET-eagle3), TP (1: --tensor-parallel-size; the device names the GPU count and the
+# memory is summed over them), DRIVER_ARGS (more flags for profile_fast.py), WARM_START (0;
+# 1: start vLLM once to fill its compile cache, time that cold start to /health, stop it by its process
 # group, start it again and profile that warm engine: the JSON records both start times and the
 # report judges the grid with the warm start, the cold one reported too; WARM_NEEDS_S (250):
 # less left after the cold start and that engine is profiled instead). A CPU dry run against
@@ -48,6 +50,10 @@ SYNC_S=${SYNC_S:-0.05}
 BUDGET_S=${BUDGET_S:-525}
 PORT=${PORT:-8000}
 NAME=${NAME:-profile_fast}
+# The target and its drafter (config folders under MODELS) and the tensor-parallel size.
+TARGET=${TARGET:-qwen3-4b}
+DRAFTER=${DRAFTER:-$TARGET-eagle3}
+TP=${TP:-1}
 COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/${NAME}_run_log.txt") 2>&1
@@ -64,10 +70,11 @@ fi
 python3 -c 'import tabletune.profiler.inflight' || { echo "tabletune not importable" >&2; exit 2; }
 
 TABLE='[[1,1,3],[2,2,2],[3,3,1],[4,256,0]]'
-SPEC="{\"method\":\"eagle3\",\"model\":\"$MODELS/qwen3-4b-eagle3\",\"num_speculative_tokens\":3,\"num_speculative_tokens_per_batch_size\":$TABLE,\"rejection_sample_method\":\"standard\"}"
-ARGS=(--model "$MODELS/qwen3-4b" --served-model-name qwen3-4b --load-format dummy
+SPEC="{\"method\":\"eagle3\",\"model\":\"$MODELS/$DRAFTER\",\"num_speculative_tokens\":3,\"num_speculative_tokens_per_batch_size\":$TABLE,\"rejection_sample_method\":\"standard\"}"
+ARGS=(--model "$MODELS/$TARGET" --served-model-name "$TARGET" --load-format dummy
       --skip-tokenizer-init --max-num-seqs 256 --max-model-len 4096 --port "$PORT"
       --speculative-config "$SPEC")
+(( TP > 1 )) && ARGS+=(--tensor-parallel-size "$TP")
 if [[ -n ${CAPTURE_SIZE:-} ]]; then
   ARGS+=(--compilation-config "{\"max_cudagraph_capture_size\": $CAPTURE_SIZE}")
 fi
@@ -133,21 +140,24 @@ stop_vllm() {
 trap stop_vllm EXIT
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+(( TP > 1 )) && gpu="$TP x $gpu"
 engine=$(python3 -c 'from importlib.metadata import version; print(version("vllm"))' 2>/dev/null \
   || python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo unknown)
 # GPU memory once vLLM answers (weights, KV cache, graphs), for the capture-size comparison.
 ( answers 600 || exit 0
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 \
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null \
+    | awk '{s += $1} END {if (NR) print s}' \
     >"$work/memory_mib" ) &
 memory_pid=$!
 meta=$(python3 -c 'import json, sys
-device, engine, commit, table, spec, args, module, sync, capture = sys.argv[1:10]
+device, engine, commit, table, spec, args, module, sync, capture, target, tp = sys.argv[1:12]
 print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, "commit": commit,
+  "target": target, "tensor_parallel_size": int(tp),
   "starting_table": json.loads(table), "speculative_config": json.loads(spec), "vllm_args": args,
   "server_module": module, "capture_size": capture or None,
   "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "TABLETUNE_SYNC_INTERVAL_S": sync}}))' \
   "$gpu" "$engine" "$COMMIT" "$TABLE" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S" \
-  "${CAPTURE_SIZE:-}")
+  "${CAPTURE_SIZE:-}" "$TARGET" "$TP")
 
 # The driver's budget: what is left of BUDGET_S, less ~25 s for stopping vLLM and the report.
 # It keeps to it (parts that no longer fit are skipped); `timeout` is the last resort, and the
@@ -158,8 +168,8 @@ timeout -s INT $((budget + 20)) python3 bench/gpu/profile_fast.py \
   --base "http://127.0.0.1:$PORT" --pid "$vllm_pid" --out "$OUT/$NAME.json" \
   --meta "$meta" --started-s "$(since "$launched")" --budget-s "$budget" \
   --cold-start-s "$cold_start_s" --before-s "$before_s" \
-  --vllm-log "$work/vllm.log" --model-path "$MODELS/qwen3-4b" \
-  --drafter-path "$MODELS/qwen3-4b-eagle3" --sync-interval-s "$SYNC_S" \
+  --vllm-log "$work/vllm.log" --model-path "$MODELS/$TARGET" \
+  --drafter-path "$MODELS/$DRAFTER" --sync-interval-s "$SYNC_S" \
   --memory-file "$work/memory_mib" ${DRIVER_ARGS:-}
 rc=$?
 kill "$memory_pid" 2>/dev/null
