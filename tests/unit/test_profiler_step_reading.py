@@ -8,16 +8,18 @@ from collections.abc import Mapping
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from tabletune.profiler.errors import MeasurementError
 from tabletune.profiler.step_reading import (
+    CELL_SAMPLES,
     StepReading,
     parse_step_reading,
     window_broken,
     window_problem,
     window_totals,
 )
-from tabletune.step_cells import CellKey, CellTotals, cell_key
+from tabletune.step_cells import CellKey, CellTotals, cell_key, parse_cell_label
 from tests.unit.profiler_stepper import metrics_text
 
 VLLM_NOISE = """\
@@ -61,6 +63,64 @@ def test_engines_are_summed_and_nothing_exported_reads_as_zero() -> None:
     assert reading.cell(1, 3) == CellTotals(4, 0.04, 0.0004, 24, 12)
     assert (reading.steps_without_decode, reading.switch_steps) == (4, 6)
     assert parse_step_reading(VLLM_NOISE) == StepReading()
+
+
+def reference_reading(text: str) -> StepReading:
+    """The same reading through prometheus_client's own parser (the profiler polls /metrics
+    several times a second; its own parser is the fast one, and must read what this reads)."""
+    sums: dict[CellKey, list[float]] = {}
+    without = switches = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in CELL_SAMPLES:
+                key = (int(sample.labels["k"]), *parse_cell_label(sample.labels["batch"]))
+                sums.setdefault(key, [0.0] * 5)[CELL_SAMPLES.index(sample.name)] += sample.value
+            elif sample.name == "tabletune_steps_without_decode_total":
+                without += sample.value
+            elif sample.name == "tabletune_k_switch_steps_total":
+                switches += sample.value
+    return StepReading({key: CellTotals(*row) for key, row in sums.items()}, without, switches)
+
+
+model_names = st.text(st.characters(codec="utf-8", exclude_characters="\x00\r"), max_size=8)
+
+
+@given(cells=cells, without=st.integers(0, 10**6), model=model_names, engines=st.integers(1, 3))
+def test_the_fast_parse_reads_what_prometheus_client_reads(
+    cells: dict[CellKey, CellTotals], without: int, model: str, engines: int
+) -> None:
+    escaped = model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    text = VLLM_NOISE + metrics_text(StepReading(cells, float(without), 3.0), engines=engines)
+    text = text.replace('model_name="m"', f'model_name="{escaped}"')
+    assert parse_step_reading(text) == reference_reading(text)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'tabletune_steps_total{ k = "1" , batch="3",engine="0",} 2.0',  # spaces, trailing comma
+        'tabletune_steps_total{batch="3",k="1"} 2.0 1700000000000',  # a timestamp
+        'tabletune_steps_total{k="1",batch="3",model_name="a \\"b\\" c}"} 2e0',  # escapes
+        'tabletune_steps_total{k="1",batch="3"} +Inf',
+    ],
+)
+def test_valid_exposition_oddities_read_as_prometheus_client_reads_them(line: str) -> None:
+    text = VLLM_NOISE + "# TYPE tabletune_steps counter\n" + line + "\n"
+    assert parse_step_reading(text) == reference_reading(text)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'tabletune_steps_total{k="1",batch="3"} two',
+        'tabletune_steps_total{k="1",batch="3" 2.0',
+        'tabletune_steps_total{k="1",batch=3} 2.0',
+        'tabletune_steps_total{batch="3"} 2.0',
+    ],
+)
+def test_a_malformed_plugin_line_is_a_measurement_error(line: str) -> None:
+    with pytest.raises(MeasurementError, match="/metrics"):
+        parse_step_reading(line + "\n")
 
 
 def test_a_malformed_step_cell_is_a_measurement_error() -> None:
