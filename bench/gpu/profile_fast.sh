@@ -106,6 +106,12 @@ answers() {  # /health answers within $1 s (0: vLLM died or never answered)
 }
 since() { python3 -c 'import sys, time; print(round(time.time() - float(sys.argv[1]), 1))' "$1"; }
 
+# Whether vLLM's compile cache already holds something (an earlier launch on this host): such
+# a start is warm even without WARM_START.
+cache_dir=${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}/torch_compile_cache
+compile_cache_found=false
+[[ -n $(ls -A "$cache_dir" 2>/dev/null) ]] && compile_cache_found=true
+
 # Warm start: a first launch fills the compile cache; its time to /health is the cold start.
 # When what is left of BUDGET_S no longer holds a second start and a grid (WARM_NEEDS_S), the
 # cold engine is profiled instead (meta.warm_start false: judged as a cold start).
@@ -150,14 +156,14 @@ engine=$(python3 -c 'from importlib.metadata import version; print(version("vllm
     >"$work/memory_mib" ) &
 memory_pid=$!
 meta=$(python3 -c 'import json, sys
-device, engine, commit, table, spec, args, module, sync, capture, target, tp = sys.argv[1:12]
+device, engine, commit, table, spec, args, module, sync, capture, target, tp, cache = sys.argv[1:13]
 print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, "commit": commit,
-  "target": target, "tensor_parallel_size": int(tp),
+  "target": target, "tensor_parallel_size": int(tp), "compile_cache_found": cache == "true",
   "starting_table": json.loads(table), "speculative_config": json.loads(spec), "vllm_args": args,
   "server_module": module, "capture_size": capture or None,
   "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "TABLETUNE_SYNC_INTERVAL_S": sync}}))' \
   "$gpu" "$engine" "$COMMIT" "$TABLE" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S" \
-  "${CAPTURE_SIZE:-}" "$TARGET" "$TP")
+  "${CAPTURE_SIZE:-}" "$TARGET" "$TP" "$compile_cache_found")
 
 # The driver's budget: what is left of BUDGET_S, less ~25 s for stopping vLLM and the report.
 # It keeps to it (parts that no longer fit are skipped); `timeout` is the last resort, and the

@@ -5,8 +5,9 @@
 Summary and four goals, each {measured, goal, pass}:
 - grid_with_engine_start: engine start plus the first in-flight grid's timing (B=1..256 dense
   to 16 then every 8, k=0..3, 3 windows per cell): <= 180 s. Judged with the start the grid ran
-  on: warm (WARM_START=1: a first launch filled the compile cache) or cold (the host is fresh
-  each time); with a warm start the cold start and the grid with it are reported too.
+  on: warm (WARM_START=1: a first launch filled the compile cache; or the launch found the
+  host's cache filled by an earlier one, meta.compile_cache_found) or cold; with WARM_START the
+  cold start and the grid with it are reported too.
 - methods_agree: in-flight vs the request method on the cross-check cells, same launch, the
   median over cells of in-flight / request - 1: within +-3 %.
 - tables_repeat: the tables of two in-flight grids in a row (same acceptance) choose the same k
@@ -126,10 +127,18 @@ def summarize(raw: Row) -> Row:
     runs = raw.get("runs", {})
     first, second = runs.get("run1"), runs.get("run2")
     startup = meta.get("startup_s")
-    cold = meta.get("cold_start_s") if meta.get("warm_start") else startup
+    cache_found = meta.get("compile_cache_found")
+    if meta.get("warm_start"):
+        start, cold = "warm (a first launch filled the compile cache)", meta.get("cold_start_s")
+    elif cache_found:
+        start, cold = "warm (the host's compile cache, filled by an earlier launch)", None
+    else:
+        start, cold = "cold (no compile cache on the host)", startup
     out: Row = {
         "startup_s": startup,
         "warm_start": bool(meta.get("warm_start")),
+        "compile_cache_found": cache_found,
+        "start": start,
         "cold_start_s": cold,
         "engine": meta.get("engine"),
         "job_wall_s": meta.get("wall_s"),
@@ -172,9 +181,7 @@ def goals(summary: Row) -> Row:
         "grid_with_engine_start": {
             **_goal(grid, f"<= {GRID_GOAL_S:.0f} s", None if grid is None else grid <= GRID_GOAL_S),
             "engine_start_s": startup,
-            "start": "warm (a first launch filled the compile cache)"
-            if summary.get("warm_start")
-            else "cold (a fresh host: no compile cache)",
+            "start": summary.get("start"),
             "cold_start_s": summary.get("cold_start_s"),
             "with_cold_start_s": summary.get("grid_wall_with_cold_start_s"),
         },
@@ -248,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("raw", type=Path)
     parser.add_argument("--out", type=Path, default=RESULT)
     parser.add_argument("--png", type=Path, help="the plot (default: beside --out)")
+    parser.add_argument(
+        "--compile-cache-found",
+        action="store_true",
+        help="the launch found the host's compile cache filled (for JSON written before "
+        "profile_fast.sh recorded meta.compile_cache_found; say how you know)",
+    )
     args = parser.parse_args(argv)
     try:
         raw = json.loads(args.raw.read_text())
@@ -255,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("no meta and runs: not written by bench/gpu/profile_fast.py")
     except (OSError, ValueError) as error:
         raise SystemExit(f"{args.raw}: {error}") from None
+    if args.compile_cache_found:
+        raw["meta"].setdefault("compile_cache_found", True)
     result = report(raw, args.raw.name)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

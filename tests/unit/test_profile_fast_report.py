@@ -135,6 +135,28 @@ def test_a_warm_start_is_judged_with_the_grid_and_the_cold_one_reported(
     assert goal["pass"] is True and goal["with_cold_start_s"] is None
 
 
+def test_a_start_on_a_host_whose_compile_cache_was_filled_is_warm_without_a_cold_start(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    meta = {"startup_s": 51.0, "warm_start": False, "compile_cache_found": True, "wall_s": 380.0}
+    goal = report.goals(report.summarize(raw(meta=meta)))["grid_with_engine_start"]
+    assert goal["start"].startswith("warm (the host's compile cache")
+    assert goal["measured"] == 146.0 and goal["cold_start_s"] is None
+    assert goal["with_cold_start_s"] is None
+    # JSON from before meta.compile_cache_found: the flag says so; the JSON's own value wins
+    source, out = tmp_path / "old.json", tmp_path / "old_h200.json"
+    source.write_text(json.dumps(raw(meta={"startup_s": 51.0, "wall_s": 380.0})))
+    report.main([str(source), "--out", str(out), "--compile-cache-found"])
+    assert json.loads(out.read_text())["goals"]["grid_with_engine_start"]["start"].startswith(
+        "warm"
+    )
+    source.write_text(json.dumps(raw(meta={**meta, "compile_cache_found": False})))
+    report.main([str(source), "--out", str(out), "--compile-cache-found"])
+    assert json.loads(out.read_text())["goals"]["grid_with_engine_start"]["start"].startswith(
+        "cold"
+    )
+
+
 def test_missing_parts_give_no_verdict(report: ModuleType) -> None:
     partial = raw(runs={"run1": run_summary(STEPS)}, tables={})
     goals = report.goals(report.summarize(partial))
