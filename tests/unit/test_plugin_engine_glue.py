@@ -190,12 +190,12 @@ def test_the_bandit_learns_from_each_timed_step_its_kept_tokens_per_second(
     scheduler, clock = clocked_scheduler(monkeypatch)
     bandit = NightjarLookup([1, 3], max_num_seqs=256, exploration=0.0)
     scheduler.dynamic_sd_lookup = bandit
-    # k=1 then k=3, each for 3 steps of 20 ms: the first call and the switch teach nothing.
-    for k, kept in ((1, 2), (1, 2), (1, 2), (3, 3), (3, 3), (3, 3)):
+    # k=3 then k=1, each for 3 steps of 20 ms: the first call and the switch teach nothing.
+    for k, kept in ((3, 3), (3, 3), (3, 3), (1, 2), (1, 2), (1, 2)):
         scheduler.update_from_output(output(8, k), ran(8, kept))
         clock[0] += 0.019
-    assert bandit.rewarded_steps == 4  # steps 2, 3 at k=1; steps 5, 6 at k=3
-    assert bandit.table_k(8) == 3  # 24 tokens per 20 ms beat 16
+    assert bandit.rewarded_steps == 4  # steps 2, 3 at k=3; steps 5, 6 at k=1
+    assert bandit.table_k(8) == 3  # 24 tokens per 20 ms (reward 1) beat 16 (2/3)
     cells = engine.step_timer_of(scheduler).counter
     assert cells.switch_steps == 1 and sum(t.steps for t in cells.totals().values()) == 4
 
