@@ -272,8 +272,7 @@ ATTACKS = (
 OUTCOMES = (
     attack(GOOD, if_match=CURRENT),  # accepted table
     attack(json.dumps({"exploration_interval": 5, "hysteresis": 1}).encode(), path=SETTINGS_PATH),
-    attack(json.dumps({"policy": "nightjar", "nightjar_exploration": 0.5}).encode(),
-           path=SETTINGS_PATH),  # fmt: skip
+    attack(b'{"policy": "nightjar", "nightjar_exploration": 0.5}', path=SETTINGS_PATH),
     attack(GOOD, if_match='"999"'),  # 409
     FuzzRequest("PUT", TABLE_PATH, ((b"host", b"127.0.0.1:8000"),), (GOOD,), ("10.1.2.3", 1), None),
 )

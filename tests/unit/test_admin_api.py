@@ -248,7 +248,8 @@ def test_the_nightjar_policy_is_off_by_default_and_round_trips() -> None:
     assert view["nightjar_steps"] == 0
     response = client.put(SETTINGS_PATH, json={"policy": "nightjar", "nightjar_exploration": 0.5})
     assert response.status_code == 200, response.text
-    assert response.json()["policy"] == "nightjar" and response.json()["nightjar_exploration"] == 0.5
+    body = response.json()
+    assert body["policy"] == "nightjar" and body["nightjar_exploration"] == 0.5
     assert backend.state.policy == "nightjar" and backend.state.version == 1
     # The daemon's table still goes in while the bandit runs: it is what "table" falls back to.
     assert client.put(TABLE_PATH, json={"table": [[1, 256, 1]]}).status_code == 200

@@ -186,4 +186,3 @@ def test_the_steps_it_hands_back_are_exactly_those_in_the_cells(raw: list[tuple]
     assert set(got) == set(handed)
     for key, (steps, seconds) in handed.items():
         assert got[key].steps == steps and got[key].seconds == pytest.approx(seconds)
-
