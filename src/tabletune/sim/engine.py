@@ -413,8 +413,9 @@ class EngineSim:
         start = self.now
         shape = self.shape(start)
         # The bandit learns from each step before it chooses the next: one step at a time.
-        bandit = self.lookup if isinstance(self.lookup, NightjarLookup) else None
-        single = single or (bandit is not None and self.choose_k is None)
+        lookup = self.lookup
+        bandit = lookup if isinstance(lookup, NightjarLookup) and self.choose_k is None else None
+        single = single or bandit is not None
         if not single and self.choose_k is None and isinstance(self.lookup, list | tuple | None):
             ks, durations, tokens = self._run_fixed(batch, rates, shape, until - start)
         else:
@@ -423,7 +424,7 @@ class EngineSim:
             )
         self.now = start + float(durations.sum())
         outcome = self._count(batch, rates, shape, ks, durations, tokens, start)
-        if single and bandit is not None and outcome.timed[0]:
+        if bandit is not None and outcome.timed[0]:
             # As the plugin's step timer hands over the steps it put in their cells.
             bandit.learn(batch, int(ks[0]), outcome.tokens, float(durations[0]))
         for observer in self.on_steps:
