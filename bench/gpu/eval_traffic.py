@@ -13,7 +13,10 @@ For each load (a number of clients, in the order given), in turn:
             ``daemon`` arm (its steady state, without the exploration it did meanwhile)
   arms      k0 (no drafting), k1..k3 fixed, vLLM's documented table, the measured table (the
             profile's), the daemon's table (--arms picks): ROUNDS windows each, in pairs of
-            rounds, one order then its reverse (``rotations``), so no arm keeps a place
+            rounds, one order then its reverse (``rotations``), so no arm keeps a place.
+            ``nightjar`` (not in the default --arms): the Nightjar-style bandit run in the
+            engine (admin setting ``policy: nightjar``), switched on fresh before each of its
+            windows, left NIGHTJAR_LEARN_S to learn, measured, then switched off
 
 Then, with ``--shape-change BEFORE:AFTER:N``, a change of traffic under the daemon:
 
@@ -53,7 +56,9 @@ from traffic import SHAPES, add_traffic_arguments, checked_shape
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE
 
 PROFILE = "profiles/h200-qwen3-4b-eagle3-inflight"  # the fast profiler's, H200 2026-11-30
-ARMS = ("k0", "k1", "k2", "k3", "documented", "measured", "daemon")
+ARMS = ("k0", "k1", "k2", "k3", "documented", "measured", "daemon")  # the default --arms
+NIGHTJAR = "nightjar"
+KNOWN_ARMS = (*ARMS, NIGHTJAR)
 QUARTER_DOCUMENTED = [[1, 16, 3], [17, 32, 1], [33, 256, 0]]
 
 
@@ -96,6 +101,7 @@ class Run(DaemonRun):
             "documented": documented_table(self.args.max_num_seqs),
             "measured": self.measured_table,
             "daemon": daemon_table,
+            NIGHTJAR: self.measured_table,  # in force under the bandit, not run by it
         }
         return {arm: every[arm] for arm in self.args.arms.split(",")}
 
@@ -144,7 +150,9 @@ class Run(DaemonRun):
         return self.needs_s(5, self.args.change_before_s + self.args.change_after_s)
 
     def load_needs_s(self) -> float:
-        return self.needs_s(len(self.args.arms.split(",")), self.args.daemon_s)
+        arms = self.args.arms.split(",")
+        learning = self.args.rounds * self.args.nightjar_learn_s if NIGHTJAR in arms else 0.0
+        return self.needs_s(len(arms), self.args.daemon_s) + learning
 
     def needs_s(self, arms: int, daemon_s: float) -> float:
         """A part's time: warm-up, the daemon's run (and its last window), the rotated arms."""
@@ -157,8 +165,22 @@ class Run(DaemonRun):
         await self.server.put(SETTINGS_PATH, STATIC)
         for index, arm in enumerate(rotations(list(tables), self.args.rounds)):
             await self.put_table(tables[arm])
+            if arm == NIGHTJAR:
+                await self.nightjar_window(part, index)
+                continue
             await asyncio.sleep(self.args.settle_s)
             await self.window(f"{part}-arms", arm, index, self.args.window_s)
+
+    async def nightjar_window(self, part: str, index: int) -> None:
+        """A fresh bandit (switched on from the table), NIGHTJAR_LEARN_S to learn, one window;
+        back to the table whatever happened."""
+        on = {"policy": NIGHTJAR, "nightjar_exploration": self.args.nightjar_exploration}
+        await self.server.put(SETTINGS_PATH, on)
+        try:
+            await asyncio.sleep(self.args.nightjar_learn_s + self.args.settle_s)
+            await self.window(f"{part}-arms", NIGHTJAR, index, self.args.window_s)
+        finally:
+            await self.server.put(SETTINGS_PATH, {"policy": "table"})
 
 
 def parse_loads(text: str, default_shape: str) -> list[tuple[str, int]]:
@@ -209,6 +231,10 @@ async def run(args: argparse.Namespace) -> int:
             "settle_s": args.settle_s,
             "rounds": args.rounds,
             "arms": args.arms.split(","),
+            "nightjar": {
+                "learn_s": args.nightjar_learn_s,
+                "exploration": args.nightjar_exploration,
+            },
             "measured_table": {
                 "path": args.measured_table,
                 "ranges": read_table(args.measured_table),
@@ -240,7 +266,12 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, default=6)
     parser.add_argument("--settle-s", type=float, default=2)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--arms", default=",".join(ARMS), help="which, of " + ",".join(ARMS))
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help="which, of " + ",".join(KNOWN_ARMS))  # fmt: skip
+    parser.add_argument("--nightjar-learn-s", type=float, default=12,
+                        help="the nightjar arm learns this long before each window")  # fmt: skip
+    parser.add_argument("--nightjar-exploration", type=float, default=0.25,
+                        help="its UCB1 constant (bench/evaluate.py's best)")  # fmt: skip
     parser.add_argument("--profile", default=f"{PROFILE}.json", help="the daemon's prior")
     parser.add_argument("--measured-table", default=f"{PROFILE}.table.json",
                         help="the profile's table file (tabletune solve's output)")  # fmt: skip
@@ -269,9 +300,11 @@ def main() -> int:
         read_table(args.measured_table)
     except (OSError, KeyError, TypeError, ValueError) as error:
         parser.error(f"--measured-table {args.measured_table}: no table file ({error!r})")
-    unknown = set(args.arms.split(",")) - set(ARMS)
+    unknown = set(args.arms.split(",")) - set(KNOWN_ARMS)
     if unknown:
-        parser.error(f"--arms: unknown {sorted(unknown)}; known: {','.join(ARMS)}")
+        parser.error(f"--arms: unknown {sorted(unknown)}; known: {','.join(KNOWN_ARMS)}")
+    if not 0 <= args.nightjar_exploration <= 100 or args.nightjar_learn_s < 0:
+        parser.error("--nightjar-exploration: 0..100; --nightjar-learn-s: >= 0")
     return asyncio.run(run(args))
 
 

@@ -11,6 +11,7 @@
 #     bash bench/gpu/eval_traffic.sh                     # chat-like, loads 128,192,64
 #     DRIVER_ARGS="--shape decode-heavy" bash bench/gpu/eval_traffic.sh
 #     DRIVER_ARGS="--loads 192 --shape-change decode-heavy:chat-like:192" bash ...  # + a change
+#     DRIVER_ARGS="--arms k0,k1,k2,k3,documented,measured,daemon,nightjar" bash ...  # + the bandit
 # Results under $OUT: eval_traffic.json (every window's raw row), eval_traffic_h200.json (the
 # report), live_step_time_run_log.txt, live_step_time_vllm_log.txt. Then, here:
 #     .venv/bin/python bench/gpu/eval_traffic_report.py eval_traffic.json

@@ -15,7 +15,8 @@ from tests.support.gpu_jobs import dry_run
 pytestmark = pytest.mark.integration
 
 DRIVER_ARGS = (
-    "--loads 6,decode-heavy:4 --arms k1,k3,measured,daemon --warmup-s 1 --window-s 1 "
+    "--loads 6,decode-heavy:4 --arms k1,k3,measured,daemon,nightjar --nightjar-learn-s 0.5 "
+    "--warmup-s 1 --window-s 1 "
     "--settle-s 0.5 --daemon-s 3 --daemon-cycle-s 1 --shape-change decode-heavy:chat-like:4 "
     "--change-before-s 2 --change-after-s 3"
 )
@@ -36,7 +37,13 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
     assert [load["part"] for load in raw["meta"]["loads"]] == parts
     for part in parts:
         arms = [w["arm"] for w in raw["windows"] if w["part"] == f"{part}-arms"]
-        assert arms == ["k1", "k3", "measured", "daemon", "daemon", "measured", "k3", "k1"]
+        assert arms == ["k1", "k3", "measured", "daemon", "nightjar", "nightjar", "daemon",
+                        "measured", "k3", "k1"]  # fmt: skip
+        bandit = [w["view"] for w in raw["windows"] if w["arm"] == "nightjar"]
+        assert all(v["policy"] == "nightjar" for v in bandit)  # on in its windows
+        table = [w["view"] for w in raw["windows"] if w["arm"] == "k1"]
+        assert all(v["policy"] == "table" for v in table)  # and off after
+        assert bandit[-1]["nightjar_steps"] > 0
         assert any(w["part"] == f"{part}-daemon" for w in raw["windows"])
         assert raw["daemon_tables"][part]  # the daemon's last table, run as the daemon arm
         assert any("daemon stopped" in line for line in raw["daemon_log_tails"][f"{part}-daemon"])
@@ -47,6 +54,8 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
     )
     for part in parts:
         assert report["loads"][part]["k_mix"]["k3"] == {"3": 1.0}
+        assert "loss_vs_best_fixed_k" in report["loads"][part]["arms"]["nightjar"]
+    assert report["goals"]["nightjar_style_loss_3x_daemon"]["measured"] is not None
     # The change of traffic under the running daemon, then the arms on the new traffic.
     change = raw["shape_change"]
     assert change["at_s"] == 2 and change["table_at_change"] and change["daemon_table"]

@@ -118,10 +118,20 @@ def table_bodies() -> st.SearchStrategy[object]:
 
 def settings_bodies() -> st.SearchStrategy[object]:
     value = st.one_of(st.integers(0, 100), INTS, ANY_JSON)
+    policy = st.one_of(st.sampled_from(["table", "nightjar", "Nightjar", None]), ANY_JSON)
+    number = st.one_of(st.floats(-1, 150), st.integers(-1, 150), ANY_JSON)
     return st.one_of(
         st.fixed_dictionaries({}, optional={"exploration_interval": value, "hysteresis": value}),
         st.fixed_dictionaries(
             {}, optional={"exploration_interval": value, "hysteresis": value, "other": value}
+        ),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "policy": policy,
+                "nightjar_exploration": number,
+                "step_timing": st.booleans() | ANY_JSON,
+            },
         ),
         ANY_JSON,
     )
@@ -262,6 +272,7 @@ ATTACKS = (
 OUTCOMES = (
     attack(GOOD, if_match=CURRENT),  # accepted table
     attack(json.dumps({"exploration_interval": 5, "hysteresis": 1}).encode(), path=SETTINGS_PATH),
+    attack(b'{"policy": "nightjar", "nightjar_exploration": 0.5}', path=SETTINGS_PATH),
     attack(GOOD, if_match='"999"'),  # 409
     FuzzRequest("PUT", TABLE_PATH, ((b"host", b"127.0.0.1:8000"),), (GOOD,), ("10.1.2.3", 1), None),
 )
@@ -374,11 +385,13 @@ def judge(
         if uncaptured and body.get("allow_uncaptured") is not True:
             problems.append(f"uncaptured k {uncaptured} accepted without allow_uncaptured")
     else:
-        for name in ("exploration_interval", "hysteresis"):
+        for name in ("exploration_interval", "hysteresis", "policy", "nightjar_exploration"):
             given = body.get(name)  # omitted or null: stays as it was
             expected = getattr(before, name) if given is None else given
             if getattr(after, name) != expected:
                 problems.append(f"{name}: {getattr(after, name)} accepted, body {expected}")
+        if after.policy == "nightjar" and not (after.step_timing and after.dynamic):
+            problems.append("the bandit accepted without step timing or a table")
         if after.ranges != before.ranges:
             problems.append("a settings change changed the table")
     return problems

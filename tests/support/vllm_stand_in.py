@@ -4,9 +4,10 @@ bench/gpu/live_step_time.sh with SERVER_MODULE=tests.support.vllm_stand_in on a 
 bench/gpu/profile_fast.sh (tests/integration/test_profile_fast_dry_run.py).
 
 A scheduler loop in real time: each step reads the installed lookup (``dynamic_sd_lookup[B]``, a
-list or the plugin's ``StepPolicy``) for the drafts of the next step (as async scheduling does),
-sleeps T(B, k) for the k its requests verify, and calls its ``update_from_output``, wrapped by
-the plugin's real ``wrap_update_from_output``. The HTTP side is the real ``TableTuneEndpoint``
+list, the plugin's ``StepPolicy`` or its ``NightjarLookup``) for the drafts of the next step (as
+async scheduling does), sleeps T(B, k) for the k its requests verify, and calls its
+``update_from_output`` (with each request's sampled tokens), wrapped by the plugin's real
+``wrap_update_from_output``. The HTTP side is the real ``TableTuneEndpoint``
 (admin API, sync loop every ``TABLETUNE_SYNC_INTERVAL_S``) and ``TableTuneMetrics`` over the
 engine-side controller; vLLM's own counters are prometheus_client objects of vLLM's names.
 Acceptance is the synthetic 0.75/0.55/0.40, kept deterministically (fractions carried over);
@@ -74,7 +75,7 @@ class Scheduler:
         self.dynamic_sd_lookup: Any = dense_lookup([(a, b, k) for a, b, k in START_TABLE], 256, 3)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> None:
-        self.engine.finish_step(scheduler_output)
+        self.engine.finish_step(scheduler_output, model_runner_output)
 
     def has_requests(self) -> bool:
         return bool(self.engine.running or self.engine.waiting)
@@ -157,14 +158,17 @@ class StandIn:
                 scheduled_spec_decode_tokens=spec,
                 next_k=next_k,
             )
-            self.scheduler.update_from_output(output, None)
+            # What each request sampled: filled in by finish_step (vLLM's model runner has
+            # them before update_from_output; here acceptance is decided there).
+            self.scheduler.update_from_output(output, SimpleNamespace(sampled_token_ids=[]))
 
-    def finish_step(self, output: Any) -> None:
+    def finish_step(self, output: Any, runner: Any) -> None:
         kept = 0
         for request in self.running:
             if request.drafts < 0:
                 request.produced, kept = 1, kept + 1
                 self.prompt_tokens.inc(request.prompt)
+                runner.sampled_token_ids.append([0])
             else:
                 k = request.drafts
                 request.carry += sum(self.rates[:k])
@@ -173,6 +177,7 @@ class StandIn:
                 new = min(1 + accepted, request.max_tokens - request.produced)
                 request.produced += new
                 kept += new
+                runner.sampled_token_ids.append([0] * new)
                 if k:
                     self.drafts.inc()
                     self.draft_tokens.inc(k)

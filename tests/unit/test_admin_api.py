@@ -239,3 +239,74 @@ def test_any_settings_body_is_applied_whole_or_refused_whole(
     assert new.neighbour_interval == (0 if interval is None else interval)
     assert new.step_timing == (True if timing is None else timing)
     assert state.neighbour_interval == 0 and state.step_timing is True  # the old state stays
+
+
+def test_the_nightjar_policy_is_off_by_default_and_round_trips() -> None:
+    client, backend = make_client()
+    view = client.get(SETTINGS_PATH).json()
+    assert view["policy"] == "table" and view["nightjar_exploration"] == 1.0
+    assert view["nightjar_steps"] == 0
+    response = client.put(SETTINGS_PATH, json={"policy": "nightjar", "nightjar_exploration": 0.5})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["policy"] == "nightjar" and body["nightjar_exploration"] == 0.5
+    assert backend.state.policy == "nightjar" and backend.state.version == 1
+    # The daemon's table still goes in while the bandit runs: it is what "table" falls back to.
+    assert client.put(TABLE_PATH, json={"table": [[1, 256, 1]]}).status_code == 200
+    assert backend.state.policy == "nightjar" and backend.state.k_for(7) == 1
+    client.put(SETTINGS_PATH, json={"nightjar_exploration": 2})  # an integer is a number too
+    assert backend.state.nightjar_exploration == 2.0 and backend.state.policy == "nightjar"
+    assert client.put(SETTINGS_PATH, json={"policy": "table"}).status_code == 200
+    assert backend.state.policy == "table" and backend.state.nightjar_exploration == 2.0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"policy": "bandit"},
+        {"policy": "Nightjar"},
+        {"policy": None, "nightjar_exploration": -0.1},
+        {"policy": 1},
+        {"policy": True},
+        {"policy": ["nightjar"]},
+        {"nightjar_exploration": "1"},
+        {"nightjar_exploration": True},
+        {"nightjar_exploration": 101},
+        {"policy": "nightjar", "nightjar_exploration": -1},  # one bad field refuses both
+        {"policy": "nightjar", "step_timing": False},  # it learns from the step timer
+    ],
+)
+def test_bad_policy_settings_are_refused_and_change_nothing(body: dict[str, object]) -> None:
+    client, backend = make_client()
+    before = backend.state
+    response = client.put(SETTINGS_PATH, json=body)
+    assert response.status_code == 422 and response.json()["detail"]
+    assert "\n" not in response.json()["detail"]
+    assert backend.state == before
+
+
+@pytest.mark.parametrize("number", [b"Infinity", b"NaN", b"-Infinity"])
+def test_a_non_finite_exploration_is_refused(number: bytes) -> None:
+    client, backend = make_client()
+    body = b'{"policy": "nightjar", "nightjar_exploration": ' + number + b"}"
+    response = client.put(SETTINGS_PATH, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422 and backend.state.version == 0
+
+
+def test_the_nightjar_policy_needs_step_timing_and_keeps_it_on() -> None:
+    client, backend = make_client()
+    client.put(SETTINGS_PATH, json={"step_timing": False})
+    answer = client.put(SETTINGS_PATH, json={"policy": "nightjar"})
+    assert answer.status_code == 422 and "step_timing" in answer.json()["detail"]
+    client.put(SETTINGS_PATH, json={"step_timing": True, "policy": "nightjar"})
+    before = backend.state
+    assert client.put(SETTINGS_PATH, json={"step_timing": False}).status_code == 422
+    assert backend.state == before
+
+
+def test_a_static_engine_has_no_k_to_choose_for_the_bandit() -> None:
+    client, backend = make_client(ranges=None)
+    answer = client.put(SETTINGS_PATH, json={"policy": "nightjar"})
+    assert answer.status_code == 409 and "static" in answer.json()["detail"]
+    assert backend.state.policy == "table" and backend.state.version == 0
+    assert client.put(SETTINGS_PATH, json={"policy": "table"}).status_code == 200

@@ -142,6 +142,43 @@ def test_runs_that_named_loads_by_clients_alone_still_report(report: ModuleType)
     assert result["goals"]["daemon_worst_load_loss_chat_like"]["measured"] is None
 
 
+def test_the_nightjar_arm_is_judged_against_three_times_the_daemons_worst_loss(
+    report: ModuleType,
+) -> None:
+    rows = []
+    for part, nightjar in (("chat-like-B64", 11000.0), ("chat-like-B192", 10800.0)):
+        rows += [
+            window(f"{part}-arms", "k3", 12000.0, 3),
+            window(f"{part}-arms", "k3", 12060.0, 3),
+            window(f"{part}-arms", "daemon", 11880.0, 3),  # about 1 % below k3
+            window(f"{part}-arms", "daemon", 11900.0, 3),
+            window(f"{part}-arms", "nightjar", nightjar, 1),
+            window(f"{part}-arms", "nightjar", nightjar + 40, 1),
+        ]
+    loads = [{"part": p, "shape": "chat-like", "clients": c} for p, c in
+             (("chat-like-B64", 64), ("chat-like-B192", 192))]  # fmt: skip
+    result = report.report(raw_run(rows, loads))
+    goal = result["goals"]["nightjar_style_loss_3x_daemon"]
+    worst_daemon = max(result["loads"][p]["arms"]["daemon"]["loss_vs_best_fixed_k"] for p in
+                       ("chat-like-B64", "chat-like-B192"))  # fmt: skip
+    assert goal["measured"]["nightjar_worst_load_loss"] == pytest.approx(1 - 10820 / 12030, 1e-3)
+    assert goal["measured"]["daemon_worst_load_loss"] == worst_daemon
+    assert goal["measured"]["ratio"] == pytest.approx((1 - 10820 / 12030) / worst_daemon, 1e-2)
+    assert goal["pass"] is True and goal["judgeable"] is True
+    # A bandit as good as the daemon fails the goal.
+    close = [dict(w, tokens_per_s=11890.0) if w["arm"] == "nightjar" else w for w in rows]
+    assert (
+        report.report(raw_run(close, loads))["goals"]["nightjar_style_loss_3x_daemon"]["pass"]
+        is False
+    )
+
+
+def test_without_the_nightjar_arm_its_goal_is_not_run(report: ModuleType) -> None:
+    rows = [window("B64-arms", "k2", 5000.0, 2), window("B64-arms", "daemon", 4900.0, 2)]
+    goal = report.report(raw_run(rows, [64]))["goals"]["nightjar_style_loss_3x_daemon"]
+    assert goal["pass"] is None and goal["measured"] is None and "--arms" in goal["note"]
+
+
 # -- the capture-size comparison ---------------------------------------------------------------
 
 

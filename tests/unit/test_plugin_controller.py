@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tabletune.admin.state import AdminError, TableState
+from tabletune.plugin.bandit import NightjarLookup
 from tabletune.plugin.controller import EngineTableController
 from tabletune.plugin.engine import build_controller, step_timer_of
 from tabletune.plugin.policy import StepPolicy
@@ -192,3 +193,64 @@ def test_a_new_table_takes_effect_at_once_even_inside_the_hysteresis_band() -> N
     assert [policy[129], policy[130], policy[131]] == [2, 2, 3]  # held near the edge, then k=3
     controller.put_settings({"exploration_interval": 50}, None)  # same table: the held k stays
     assert core.scheduler.dynamic_sd_lookup[128] == 3
+
+
+def test_the_nightjar_policy_installs_a_bandit_over_the_captured_k() -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    controller.put_settings({"hysteresis": 2, "exploration_interval": 4}, None)
+    view = view_from_envelope(controller.put_settings({"policy": "nightjar"}, None))
+    assert view.policy == "nightjar" and view.nightjar_exploration == 1.0
+    bandit = core.scheduler.dynamic_sd_lookup
+    assert isinstance(bandit, NightjarLookup) and bandit.allowed_k == (0, 1, 2, 3)
+    # UCB1 plays each arm once: unrewarded, an arm is played again (no step taught it).
+    assert [bandit[40] for _ in range(3)] == [0, 0, 0]
+    for k in (0, 1, 2, 3):
+        bandit.learn(40, k, 40 * (1 + k), 0.02)
+        assert bandit[40] == min(k + 1, 3) or k == 3
+    assert view_from_envelope(controller.get()).nightjar_steps == 7
+    assert view_from_envelope(controller.get()).exploration_steps == 0  # the table's is off
+
+
+def test_the_bandit_keeps_learning_through_tables_and_other_settings() -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    controller.put_settings({"policy": "nightjar"}, None)
+    bandit = core.scheduler.dynamic_sd_lookup
+    view = view_from_envelope(controller.put_table({"table": [[1, 256, 1]]}, None))
+    assert view.table == [[1, 256, 1]] and view.policy == "nightjar"
+    controller.put_settings({"hysteresis": 3, "neighbour_interval": 8}, None)
+    assert core.scheduler.dynamic_sd_lookup is bandit  # what it learnt stays
+    controller.put_settings({"nightjar_exploration": 0.25}, None)
+    fresh = core.scheduler.dynamic_sd_lookup
+    assert isinstance(fresh, NightjarLookup) and fresh is not bandit
+    assert fresh.exploration == 0.25
+
+
+def test_policy_table_restores_the_table_and_counts_survive() -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    controller.put_table({"table": [[1, 256, 2]]}, None)
+    controller.put_settings({"policy": "nightjar"}, None)
+    bandit = core.scheduler.dynamic_sd_lookup
+    for _ in range(5):
+        bandit[10]
+    controller.put_settings({"policy": "table"}, None)
+    assert core.scheduler.dynamic_sd_lookup == dense_lookup([(1, 256, 2)], 256, 3)
+    controller.put_settings({"policy": "nightjar"}, None)
+    again = core.scheduler.dynamic_sd_lookup
+    assert isinstance(again, NightjarLookup) and again is not bandit and again.steps == 0
+    again[10]
+    assert view_from_envelope(controller.get()).nightjar_steps == 6
+    controller.put_settings({"exploration_interval": 4, "policy": "table"}, None)
+    assert isinstance(core.scheduler.dynamic_sd_lookup, StepPolicy)
+
+
+def test_a_refused_policy_change_keeps_the_bandit() -> None:
+    core = fake_core()
+    controller = build_controller(core, engine_version="0.26.0")
+    controller.put_settings({"policy": "nightjar"}, None)
+    bandit = core.scheduler.dynamic_sd_lookup
+    for body in ({"policy": "ucb"}, {"step_timing": False}, {"nightjar_exploration": -1}):
+        assert controller.put_settings(body, None)["status"] == 422
+    assert core.scheduler.dynamic_sd_lookup is bandit and step_timer_of(core.scheduler).enabled

@@ -11,16 +11,19 @@ from typing import Any
 import pytest
 
 from tabletune.plugin import engine, wire
+from tabletune.plugin.bandit import NightjarLookup
 from tabletune.plugin.compat import PATCHED_MARK
 
 from .test_plugin_controller import START, fake_core
 
 
 class FakeScheduler:
-    """vLLM's Scheduler as the wrapper uses it: update_from_output, then has_requests."""
+    """vLLM's Scheduler as the wrapper uses it: update_from_output, then has_requests, and the
+    lookup the plugin installs (None without a table, as vLLM's)."""
 
     def __init__(self, clock: list[float]) -> None:
         self.clock = clock
+        self.dynamic_sd_lookup: object = None
         self.remaining = 1
         self.calls = 0
 
@@ -174,3 +177,33 @@ def test_the_step_cells_utility_answers_the_timers_wire_form(
     # The controller built later switches the same timer.
     getattr(core, wire.PUT_SETTINGS)({"step_timing": False}, None)
     assert not timer.enabled
+
+
+def ran(batch: int, kept_per_request: int) -> Any:
+    """A ``ModelRunnerOutput`` as the wrapper reads it: each request's sampled tokens."""
+    return SimpleNamespace(sampled_token_ids=[[7] * kept_per_request for _ in range(batch)])
+
+
+def test_the_bandit_learns_from_each_timed_step_its_kept_tokens_per_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scheduler, clock = clocked_scheduler(monkeypatch)
+    bandit = NightjarLookup([1, 3], max_num_seqs=256, exploration=0.0)
+    scheduler.dynamic_sd_lookup = bandit
+    # k=3 then k=1, each for 3 steps of 20 ms: the first call and the switch teach nothing.
+    for k, kept in ((3, 3), (3, 3), (3, 3), (1, 2), (1, 2), (1, 2)):
+        scheduler.update_from_output(output(8, k), ran(8, kept))
+        clock[0] += 0.019
+    assert bandit.rewarded_steps == 4  # steps 2, 3 at k=3; steps 5, 6 at k=1
+    assert bandit.table_k(8) == 3  # 24 tokens per 20 ms (reward 1) beat 16 (2/3)
+    cells = engine.step_timer_of(scheduler).counter
+    assert cells.switch_steps == 1 and sum(t.steps for t in cells.totals().values()) == 4
+
+
+def test_with_a_table_the_runner_output_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    scheduler, clock = clocked_scheduler(monkeypatch)
+    scheduler.dynamic_sd_lookup = [3] * 257
+    for _ in range(3):
+        scheduler.update_from_output(output(8, 3), object())  # no sampled_token_ids
+        clock[0] += 0.019
+    assert engine.step_timer_of(scheduler).counter.totals()[(3, 8, 8)].steps == 2

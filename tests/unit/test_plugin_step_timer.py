@@ -164,3 +164,25 @@ def test_counts_match_a_plain_reading_of_every_step(raw: list[tuple]) -> None:
         assert got[key].seconds == pytest.approx(seconds)
     assert timer.counter.steps_without_decode == expected_without
     assert timer.counter.switch_steps == expected_switches
+
+
+@given(steps_strategy)
+def test_the_steps_it_hands_back_are_exactly_those_in_the_cells(raw: list[tuple]) -> None:
+    timer = StepTimer(started_at=0.0)
+    handed: dict[tuple[int, int, int], list[float]] = {}
+    now = 0.0
+    for gap, tokens, drafts, idle_after in raw:
+        now += gap
+        scheduled = {f"r{i}": n for i, n in enumerate(tokens)}
+        spec = {f"r{i}": [0] * d for i, d in enumerate(drafts[: len(tokens)]) if d}
+        timed = timer.on_step(now, scheduled, sum(tokens), spec, idle_after=idle_after)
+        if timed is not None:
+            assert timed.batch_size == len(tokens)
+            assert timed.k == max((len(v) for v in spec.values()), default=0)
+            sums = handed.setdefault(cell_key(timed.k, timed.batch_size), [0, 0.0])
+            sums[0] += 1
+            sums[1] += timed.seconds
+    got = timer.counter.totals()
+    assert set(got) == set(handed)
+    for key, (steps, seconds) in handed.items():
+        assert got[key].steps == steps and got[key].seconds == pytest.approx(seconds)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tabletune.plugin.bandit import NightjarLookup
 from tabletune.schemas import Profile, load_profile
 from tabletune.sim.build import build_engine, start_engine_side
 from tabletune.sim.engine import EngineSim, SimError, StepBatch
@@ -408,3 +409,27 @@ def test_serving_steps_are_positive_and_schedule_at_least_the_decode_tokens(
     assert np.all(durations > 0)
     assert np.all(tokens >= batch * (1 + k))
     assert np.all(tokens <= 8192)
+
+
+@pytest.mark.parametrize(("load", "best"), [(8, 3), (200, 1)])
+def test_the_nightjar_policy_learns_the_best_captured_k_in_the_emulator(
+    profile: Profile, load: int, best: int
+) -> None:
+    constant = {"kind": "constant", "batch_size": load}
+    low = {"kind": "constant", "rates": [0.3, 0.1, 0.05]}  # k=3 best at B=8, k=1 at B=200
+    engine = engine_for(profile, load=constant, acceptance=low, step_noise=0.05)
+    controller = start_engine_side(scenario(load=constant, acceptance=low), engine)
+    answer = controller.put_settings({"policy": "nightjar", "nightjar_exploration": 0.3}, None)
+    assert answer["status"] == 200
+    bandit = engine.lookup
+    assert isinstance(bandit, NightjarLookup)
+    engine.advance(60.0)
+    assert engine.best_k(load, (0.3, 0.1, 0.05))[0] == best
+    assert bandit.table_k(load) == best
+    cells = engine.counters.step_cells()
+    assert controller.view().nightjar_steps == engine.counters.steps == bandit.steps
+    # It learnt from exactly the steps in the cells (switch steps are not).
+    assert bandit.rewarded_steps == sum(int(t.steps) for t in cells.values())
+    assert engine.counters.switch_steps > 0
+    steps_at = {key[0]: totals.steps for key, totals in cells.items()}
+    assert max(steps_at, key=steps_at.__getitem__) == best  # it mostly runs the best k

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -15,6 +15,10 @@ MAX_BODY_BYTES = 64 * 1024
 # 2^31. The table's own rules (positive bounds, k <= K) are the engine's to check.
 MAX_WIRE_INT = 2**31 - 1
 WireInt = Annotated[int, Field(ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)]
+# How each step's k is chosen: the table (with exploration, hysteresis), or the Nightjar-style
+# bandit per batch size learning from the measured steps (plugin/bandit.py).
+StepPolicyName = Literal["table", "nightjar"]
+MAX_NIGHTJAR_EXPLORATION = 100.0
 
 
 class TableView(BaseModel):
@@ -43,11 +47,21 @@ class TableView(BaseModel):
     step_timing: bool = Field(
         default=True, description="false: no per-step work (step timing, exploration, hysteresis)"
     )
+    policy: StepPolicyName = Field(
+        default="table",
+        description="how each step's k is chosen: the table, or the Nightjar-style bandit",
+    )
+    nightjar_exploration: float = Field(
+        default=1.0, ge=0, description="the bandit's UCB1 exploration constant c"
+    )
     exploration_steps: int = Field(
         default=0, ge=0, description="steps run at the longest k by exploration, since start"
     )
     neighbour_steps: int = Field(
         default=0, ge=0, description="steps run at a neighbouring k, since start"
+    )
+    nightjar_steps: int = Field(
+        default=0, ge=0, description="steps whose k the Nightjar-style bandit chose, since start"
     )
     plugin_version: str
     engine_version: str
@@ -80,6 +94,10 @@ class SettingsPut(BaseModel):
         default=None, max_length=64
     )
     step_timing: bool | None = None
+    policy: StepPolicyName | None = None
+    nightjar_exploration: float | None = Field(
+        default=None, ge=0, le=MAX_NIGHTJAR_EXPLORATION, allow_inf_nan=False
+    )
 
 
 def describe_problems(error: ValidationError) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.admin.protocol import SettingsPut, StepPolicyName, TablePut, TableView
+from tabletune.baselines.nightjar import DEFAULT_EXPLORATION
 from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
 
 # Versions count accepted changes; 18 digits stay below 2^63 (msgpack to the engine process).
@@ -57,6 +58,8 @@ class TableState:
     neighbour_burst: int = 4
     neighbour_ks: tuple[int, ...] = ()  # empty: the allowed k adjacent to the table's
     step_timing: bool = True
+    policy: StepPolicyName = "table"
+    nightjar_exploration: float = DEFAULT_EXPLORATION
     lookup: tuple[int, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -135,6 +138,18 @@ class TableState:
                 f"neighbour_ks: k {uncaptured} not in the starting table "
                 f"(captured: {sorted(self.allowed_k)})",
             )
+        policy = self.policy if body.policy is None else body.policy
+        step_timing = self.step_timing if body.step_timing is None else body.step_timing
+        if policy == "nightjar" and self.ranges is None:
+            raise AdminError(
+                409,
+                "policy nightjar: vLLM runs a static num_speculative_tokens, "
+                "so there is no k to choose per step",
+            )
+        if policy == "nightjar" and not step_timing:
+            raise AdminError(
+                422, "policy nightjar learns from the step timer: it needs step_timing true"
+            )
         return replace(
             self,
             exploration_interval=(
@@ -152,7 +167,13 @@ class TableState:
                 self.neighbour_burst if body.neighbour_burst is None else body.neighbour_burst
             ),
             neighbour_ks=ks,
-            step_timing=self.step_timing if body.step_timing is None else body.step_timing,
+            step_timing=step_timing,
+            policy=policy,
+            nightjar_exploration=(
+                self.nightjar_exploration
+                if body.nightjar_exploration is None
+                else float(body.nightjar_exploration)
+            ),
             version=self.version + 1,
         )
 
@@ -178,6 +199,8 @@ class TableState:
             neighbour_burst=self.neighbour_burst,
             neighbour_ks=list(self.neighbour_ks),
             step_timing=self.step_timing,
+            policy=self.policy,
+            nightjar_exploration=self.nightjar_exploration,
             plugin_version=plugin_version,
             engine_version=engine_version,
             model_name=model_name,

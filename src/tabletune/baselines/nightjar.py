@@ -74,6 +74,8 @@ class NightjarStylePolicy:
         self.allowed_k = tuple(sorted(set(allowed_k)))
         if not self.allowed_k:
             raise SolverError("the allowed set of k is empty")
+        if exploration < 0:
+            raise SolverError("exploration must be >= 0")
         self.exploration = exploration
         self._key = key if key is not None else (lambda b: b)
         self.bandits: dict[int, UcbBandit] = {}
@@ -89,8 +91,12 @@ class NightjarStylePolicy:
         return self.bandit(batch_size).select()
 
     def observe(self, outcome: StepOutcome) -> None:
-        key = self._key(outcome.batch_size)
-        goodput = outcome.goodput
+        self.reward(outcome.batch_size, outcome.k, outcome.goodput)
+
+    def reward(self, batch_size: int, k: int, goodput: float) -> None:
+        """Credit ``k`` at this batch size with a step's goodput (any unit, > 0), divided by the
+        best seen for the key so far. A step that kept nothing rewards 0."""
+        key = self._key(batch_size)
         best = max(self._best_goodput.get(key, 0.0), goodput)
         self._best_goodput[key] = best
-        self.bandit(outcome.batch_size).update(outcome.k, goodput / best)
+        self.bandit(batch_size).update(k, goodput / best if best > 0 else 0.0)

@@ -4,7 +4,9 @@
 between scheduler steps on the engine thread, so a change is one attribute assignment
 (``install``) that the next step sees whole. Every refusal leaves state and lookup untouched.
 The ``step_timing`` setting switches all per-step work of the plugin at once: the step timer
-(when one is given) and the ``StepPolicy`` (a plain list is installed while it is off).
+(when one is given) and the ``StepPolicy`` (a plain list is installed while it is off). The
+``policy`` setting ``nightjar`` installs the Nightjar-style bandit (``NightjarLookup``) instead of
+the table's lookup; the table stays in the state, what ``policy: table`` goes back to.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from pydantic import ValidationError
 from tabletune import __version__
 from tabletune.admin.protocol import SettingsPut, TablePut, TableView, describe_problems
 from tabletune.admin.state import AdminError, TableState
+from tabletune.plugin.bandit import NightjarLookup
 from tabletune.plugin.policy import StepPolicy
 from tabletune.plugin.step_timer import StepTimer
 from tabletune.plugin.wire import error_envelope, ok_envelope
 
 # What goes into Scheduler.dynamic_sd_lookup: a plain list, or a policy read once per step.
-Lookup = list[int] | StepPolicy
+Lookup = list[int] | StepPolicy | NightjarLookup
 Install = Callable[[Lookup], None]
 
 
@@ -42,8 +45,10 @@ class EngineTableController:
         self._install = install
         self._timer = timer
         self._policy: StepPolicy | None = None
+        self._bandit: NightjarLookup | None = None
         self._retired_exploration_steps = 0
         self._retired_neighbour_steps = 0
+        self._retired_nightjar_steps = 0
         self.engine_version = engine_version
         self.model_name = model_name
         if timer is not None:
@@ -63,6 +68,11 @@ class EngineTableController:
         live = self._policy.neighbour_steps if self._policy is not None else 0
         return self._retired_neighbour_steps + live
 
+    @property
+    def nightjar_steps(self) -> int:
+        live = self._bandit.steps if self._bandit is not None else 0
+        return self._retired_nightjar_steps + live
+
     def view(self) -> TableView:
         view = self._state.view(
             plugin_version=__version__,
@@ -73,6 +83,7 @@ class EngineTableController:
             update={
                 "exploration_steps": self.exploration_steps,
                 "neighbour_steps": self.neighbour_steps,
+                "nightjar_steps": self.nightjar_steps,
             }
         )
 
@@ -114,33 +125,55 @@ class EngineTableController:
             self._timer.set_enabled(state.step_timing)
         if not state.dynamic:
             return  # static k: nothing in the scheduler to replace (settings are recorded only)
-        previous = self._policy
-        per_step = state.exploration_interval or state.hysteresis or state.neighbour_interval
-        if state.step_timing and per_step:
-            policy = StepPolicy(
-                state.lookup,
-                explore_k=max(state.allowed_k),
-                exploration_interval=state.exploration_interval,
-                hysteresis=state.hysteresis,
-                neighbour_interval=state.neighbour_interval,
-                neighbour_burst=state.neighbour_burst,
-                neighbour_ks=state.neighbour_ks,
-                allowed_k=state.allowed_k,
-                steps=previous.steps if previous is not None else 0,
-                # Hysteresis holds the k of the previous step while the load sits near an edge
-                # of *this* table; a new table starts fresh (a k held over from the old one
-                # would stay for as long as the load does not move).
-                previous_k=(
-                    previous.previous_k
-                    if previous is not None and previous.lookup == state.lookup
-                    else None
-                ),
-            )
-            self._install(policy)
-            self._policy = policy
-        else:
-            self._install(list(state.lookup))
+        previous, previous_bandit = self._policy, self._bandit
+        if state.step_timing and state.policy == "nightjar":
+            self._bandit = self._bandit_for(state)
             self._policy = None
-        if previous is not None:
+            self._install(self._bandit)
+        else:
+            self._bandit = None
+            self._policy = self._step_policy_for(state)
+            self._install(list(state.lookup) if self._policy is None else self._policy)
+        if previous is not None and previous is not self._policy:
             self._retired_exploration_steps += previous.exploration_steps
             self._retired_neighbour_steps += previous.neighbour_steps
+        if previous_bandit is not None and previous_bandit is not self._bandit:
+            self._retired_nightjar_steps += previous_bandit.steps
+
+    def _bandit_for(self, state: TableState) -> NightjarLookup:
+        """The running bandit while the policy stays on with the same constant (tables and
+        other settings do not touch what it learnt); else a fresh one."""
+        running = self._bandit
+        if running is not None and running.exploration == state.nightjar_exploration:
+            return running
+        return NightjarLookup(
+            state.allowed_k,
+            max_num_seqs=state.max_num_seqs,
+            exploration=state.nightjar_exploration,
+        )
+
+    def _step_policy_for(self, state: TableState) -> StepPolicy | None:
+        """The table's per-step policy, or None where a plain list does (nothing per step)."""
+        previous = self._policy
+        per_step = state.exploration_interval or state.hysteresis or state.neighbour_interval
+        if not (state.step_timing and per_step):
+            return None
+        return StepPolicy(
+            state.lookup,
+            explore_k=max(state.allowed_k),
+            exploration_interval=state.exploration_interval,
+            hysteresis=state.hysteresis,
+            neighbour_interval=state.neighbour_interval,
+            neighbour_burst=state.neighbour_burst,
+            neighbour_ks=state.neighbour_ks,
+            allowed_k=state.allowed_k,
+            steps=previous.steps if previous is not None else 0,
+            # Hysteresis holds the k of the previous step while the load sits near an edge
+            # of *this* table; a new table starts fresh (a k held over from the old one
+            # would stay for as long as the load does not move).
+            previous_k=(
+                previous.previous_k
+                if previous is not None and previous.lookup == state.lookup
+                else None
+            ),
+        )

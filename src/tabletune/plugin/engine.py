@@ -9,7 +9,9 @@ every process (API server, engine core, workers). It
    ``Scheduler.dynamic_sd_lookup`` (index = batch size, read once per step in
    ``Scheduler.schedule``) through a pure ``EngineTableController``, one returns the step cells;
 3. wraps ``Scheduler.update_from_output`` (called once per executed step, in order, on the
-   engine thread) to time every step into its cell (the pure ``StepTimer``, step_timer.py).
+   engine thread) to time every step into its cell (the pure ``StepTimer``, step_timer.py), and,
+   while the ``nightjar`` policy is installed, to hand each step the timer counted to the
+   bandit with the tokens it kept (bandit.py).
 
 Every vLLM import is inside a function: this module imports without vLLM installed.
 Env: ``TABLETUNE_COMPAT_FIX=0`` leaves the crash in place (to show it).
@@ -25,6 +27,7 @@ from functools import wraps
 from typing import Any
 
 from tabletune.admin.state import TableState
+from tabletune.plugin.bandit import NightjarLookup
 from tabletune.plugin.compat import is_affected_version, wrap_init_candidates
 from tabletune.plugin.controller import EngineTableController, Lookup
 from tabletune.plugin.step_timer import StepTimer
@@ -107,17 +110,27 @@ def wrap_update_from_output(original: UpdateFromOutput) -> UpdateFromOutput:
             return original(self, scheduler_output, model_runner_output)
         now = time.perf_counter()  # the step's results are ready: this call follows at once
         outputs = original(self, scheduler_output, model_runner_output)
-        timer.on_step(
+        timed = timer.on_step(
             now,
             scheduler_output.num_scheduled_tokens,
             scheduler_output.total_num_scheduled_tokens,
             scheduler_output.scheduled_spec_decode_tokens,
             idle_after=not self.has_requests(),
         )
+        lookup = self.dynamic_sd_lookup
+        if timed is not None and isinstance(lookup, NightjarLookup):
+            lookup.learn(timed.batch_size, timed.k, kept_tokens(model_runner_output), timed.seconds)
         return outputs
 
     setattr(update_from_output, TIMED_MARK, True)
     return update_from_output
+
+
+def kept_tokens(model_runner_output: Any) -> int:
+    """Tokens a step produced: per request, its accepted drafts plus the one it sampled
+    (``ModelRunnerOutput.sampled_token_ids``, cut to what each request kept; a prefill chunk
+    that samples nothing adds 0)."""
+    return sum(map(len, model_runner_output.sampled_token_ids))
 
 
 def step_timer_of(scheduler: Any) -> StepTimer:

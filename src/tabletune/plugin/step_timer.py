@@ -24,9 +24,19 @@ so the cells hold what running at a k costs, and switches are counted on their o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tabletune.step_cells import StepCellCounter
+
+
+@dataclass(frozen=True, slots=True)
+class TimedStep:
+    """A step that went into its cell: what a per-step learner (the bandit) may learn from."""
+
+    batch_size: int
+    k: int
+    seconds: float
 
 
 class StepTimer:
@@ -56,9 +66,11 @@ class StepTimer:
         spec_tokens: Mapping[str, Sequence[int]],
         *,
         idle_after: bool,
-    ) -> None:
+    ) -> TimedStep | None:
         """One ``update_from_output`` call: ``now`` is when it began (the step's results were
         ready), ``idle_after`` whether the scheduler had no request left once it returned.
+        Returns the step when it went into its cell (None otherwise, and while switched off:
+        the caller checks ``enabled`` first).
 
         A duration counts only when the engine ran back to back: the previous call ran tokens
         and left requests behind. So the first call, a step with no tokens (nothing ran: the
@@ -69,19 +81,18 @@ class StepTimer:
         self._last = None if (total_tokens == 0 or idle_after) else now
         if last is None or total_tokens == 0:
             self._last_k = None
-            return
+            return None
         batch_size = len(num_scheduled_tokens)
         k = max(map(len, spec_tokens.values())) if spec_tokens else 0
         if not (k or total_tokens == batch_size or 1 in num_scheduled_tokens.values()):
             self.counter.record_without_decode()
-            return
+            return None
         previous_k, self._last_k = self._last_k, k
         if previous_k is not None and previous_k != k:
             self.counter.record_switch(now - last)
-        else:
-            self.counter.record(
-                batch_size=batch_size, k=k, duration_s=now - last, tokens=total_tokens
-            )
+            return None
+        self.counter.record(batch_size=batch_size, k=k, duration_s=now - last, tokens=total_tokens)
+        return TimedStep(batch_size, k, now - last)
 
     def to_wire(self) -> dict[str, Any]:
         """What the ``tabletune_get_step_cells`` utility answers (plain, msgpack-safe)."""

@@ -3,8 +3,10 @@
 Each step, every running request drafts ``k`` tokens and keeps a leading prefix of them: the
 prefix is ``>= i`` with probability a_i (the acceptance process at that time). ``k`` comes from
 the installed lookup, read once per step exactly as vLLM's scheduler reads
-``dynamic_sd_lookup[batch_size]`` (a plain list, or the plugin's ``StepPolicy`` with exploration
-and hysteresis), or from any ``choose_k(batch_size, step_index)`` callable.
+``dynamic_sd_lookup[batch_size]`` (a plain list, the plugin's ``StepPolicy`` with exploration
+and hysteresis, or its ``NightjarLookup`` bandit, which learns from each step it counts in a
+step-time cell, as the plugin's step timer hands them over), or from any
+``choose_k(batch_size, step_index)`` callable.
 
 Step time is the profile's T(B, k) (the truth is the profile), or, with a serving model, what
 ``tabletune.sim.serving`` makes of it under the traffic shape of the time: prefill riding along,
@@ -28,6 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
+from tabletune.plugin.bandit import NightjarLookup
 from tabletune.sim.draws import DrawStream, PrefillStream
 from tabletune.sim.processes import AcceptanceProcess, LoadProcess, TrafficProcess
 from tabletune.sim.serving import ServingModel, TrafficShape
@@ -99,6 +102,7 @@ class StepBatch:
     drafted_per_pos: np.ndarray  # requests that drafted position i (1-based i = index + 1)
     accepted_per_pos: np.ndarray  # requests that kept position i
     tokens: int  # generated (kept guesses + one token per request per step)
+    timed: np.ndarray  # per step: counted in its step-time cell (not a switch step)
 
     @property
     def steps(self) -> int:
@@ -408,6 +412,10 @@ class EngineSim:
     ) -> StepBatch:
         start = self.now
         shape = self.shape(start)
+        # The bandit learns from each step before it chooses the next: one step at a time.
+        lookup = self.lookup
+        bandit = lookup if isinstance(lookup, NightjarLookup) and self.choose_k is None else None
+        single = single or bandit is not None
         if not single and self.choose_k is None and isinstance(self.lookup, list | tuple | None):
             ks, durations, tokens = self._run_fixed(batch, rates, shape, until - start)
         else:
@@ -416,6 +424,9 @@ class EngineSim:
             )
         self.now = start + float(durations.sum())
         outcome = self._count(batch, rates, shape, ks, durations, tokens, start)
+        if bandit is not None and outcome.timed[0]:
+            # As the plugin's step timer hands over the steps it put in their cells.
+            bandit.learn(batch, int(ks[0]), outcome.tokens, float(durations[0]))
         for observer in self.on_steps:
             observer(outcome)
         return outcome
@@ -529,6 +540,7 @@ class EngineSim:
         first_switch = counters.last_k is not None and int(ks[0]) != counters.last_k
         counters.last_k = int(ks[-1])
         if int(per_k.max()) == ks.size and not first_switch:  # one k, no switch: plain sums
+            keep = np.ones(ks.size, dtype=bool)
             only = per_k > 0
             seconds = only * float(durations.sum())
             squares = only * float(durations @ durations)
@@ -591,4 +603,5 @@ class EngineSim:
             drafted_per_pos=drafted,
             accepted_per_pos=accepted,
             tokens=tokens,
+            timed=keep,
         )
