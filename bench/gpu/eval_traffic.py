@@ -55,7 +55,7 @@ from traffic import SHAPES, add_traffic_arguments, checked_shape
 
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE
 
-PROFILE = "profiles/h200-qwen3-4b-eagle3-inflight"  # the fast profiler's, H200 2026-11-30
+PROFILE = "profiles/h200-{model}-eagle3-inflight"  # the fast profiler's for --model, H200
 ARMS = ("k0", "k1", "k2", "k3", "documented", "measured", "daemon")  # the default --arms
 NIGHTJAR = "nightjar"
 KNOWN_ARMS = (*ARMS, NIGHTJAR)
@@ -272,9 +272,11 @@ def main() -> int:
                         help="the nightjar arm learns this long before each window")  # fmt: skip
     parser.add_argument("--nightjar-exploration", type=float, default=0.25,
                         help="its UCB1 constant (bench/evaluate.py's best)")  # fmt: skip
-    parser.add_argument("--profile", default=f"{PROFILE}.json", help="the daemon's prior")
-    parser.add_argument("--measured-table", default=f"{PROFILE}.table.json",
-                        help="the profile's table file (tabletune solve's output)")  # fmt: skip
+    parser.add_argument("--profile", default=None,
+                        help=f"the daemon's prior (default {PROFILE}.json)")  # fmt: skip
+    parser.add_argument("--measured-table", default=None,
+                        help="the profile's table file (tabletune solve's output; default "
+                        f"{PROFILE}.table.json)")  # fmt: skip
     parser.add_argument("--start-table", default=json.dumps(QUARTER_DOCUMENTED))
     parser.add_argument("--daemon-cycle-s", type=float, default=3)
     parser.add_argument("--daemon-s", type=float, default=36)
@@ -289,6 +291,8 @@ def main() -> int:
     add_traffic_arguments(parser, default_shape="chat-like")
     args = parser.parse_args()
     args.work = args.work or tempfile.mkdtemp(prefix="tt-daemon-")
+    args.profile = args.profile or PROFILE.format(model=args.model) + ".json"
+    args.measured_table = args.measured_table or PROFILE.format(model=args.model) + ".table.json"
     checked_shape(parser, args)
     try:
         parse_loads(args.loads, args.shape)

@@ -21,7 +21,8 @@
 # .gpu-bundle/p3/tabletune-*.whl; "none": the tabletune already importable), BUDGET_S (525: this
 # script from start to the report), PORT (8000), COMMIT (git rev-parse HEAD; pass it where the
 # checkout has no .git, else "unknown"), SERVER_MODULE (vLLM's api_server), DRIVER_ARGS (more
-# flags for live_step_time.py). A CPU dry run of this script against the plugin-based stand-in
+# flags for live_step_time.py), TARGET (qwen3-4b: a config folder under MODELS; also the served
+# model name), DRAFTER ($TARGET-eagle3), TP (1: --tensor-parallel-size). A CPU dry run of this script against the plugin-based stand-in
 # (about a minute):
 #     WHEEL=none SERVER_MODULE=tests.support.vllm_stand_in PYTHONPATH=src:. BUDGET_S=200 \
 #     DRIVER_ARGS="--clients 6 --warmup-s 1 --window-s 0.8 --settle-s 1.0 --rounds 2 \
@@ -43,6 +44,9 @@ SYNC_S=${TABLETUNE_SYNC_INTERVAL_S:-1}
 BUDGET_S=${BUDGET_S:-525}
 PORT=${PORT:-8000}
 COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+TARGET=${TARGET:-qwen3-4b}
+DRAFTER=${DRAFTER:-$TARGET-eagle3}
+TP=${TP:-1}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/live_step_time_run_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -61,10 +65,11 @@ python3 -c 'import tabletune.plugin.step_timer' || { echo "tabletune not importa
 
 TABLE='[[1,1,0],[2,2,1],[3,3,2],[4,256,3]]'
 RATES='[0.75,0.55,0.40]'
-SPEC="{\"method\":\"eagle3\",\"model\":\"$MODELS/qwen3-4b-eagle3\",\"num_speculative_tokens\":3,\"num_speculative_tokens_per_batch_size\":$TABLE,\"rejection_sample_method\":\"synthetic\",\"synthetic_acceptance_rates\":$RATES}"
-ARGS=(--model "$MODELS/qwen3-4b" --served-model-name qwen3-4b --load-format dummy
+SPEC="{\"method\":\"eagle3\",\"model\":\"$MODELS/$DRAFTER\",\"num_speculative_tokens\":3,\"num_speculative_tokens_per_batch_size\":$TABLE,\"rejection_sample_method\":\"synthetic\",\"synthetic_acceptance_rates\":$RATES}"
+ARGS=(--model "$MODELS/$TARGET" --served-model-name "$TARGET" --load-format dummy
       --skip-tokenizer-init --max-num-seqs 256 --max-model-len 4096 --port "$PORT"
       --speculative-config "$SPEC")
+(( TP > 1 )) && ARGS+=(--tensor-parallel-size "$TP")
 
 # vLLM in its own process group, so it is stopped by its id.
 env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics VLLM_USE_V2_MODEL_RUNNER=1 \
@@ -84,16 +89,19 @@ stop_vllm() {
 trap stop_vllm EXIT
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+(( TP > 1 )) && gpu="$TP x $gpu"
 engine=$(python3 -c 'from importlib.metadata import version; print(version("vllm"))' 2>/dev/null \
   || python3 -c 'import vllm; print(vllm.__version__)' 2>/dev/null || echo unknown)
 meta=$(python3 -c 'import json, sys
 device, engine, commit, table, rates, spec, args = sys.argv[1:8]
 print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, "commit": commit,
+  "target": sys.argv[10], "tensor_parallel_size": int(sys.argv[11]),
   "starting_table": json.loads(table), "synthetic_rates": json.loads(rates),
   "speculative_config": json.loads(spec), "vllm_args": args,
   "server_module": sys.argv[8],
   "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "TABLETUNE_SYNC_INTERVAL_S": sys.argv[9]}}))' \
-  "$gpu" "$engine" "$COMMIT" "$TABLE" "$RATES" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S")
+  "$gpu" "$engine" "$COMMIT" "$TABLE" "$RATES" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S" \
+  "$TARGET" "$TP")
 
 # The driver's budget: what is left of BUDGET_S, less ~25 s for stopping vLLM and the report.
 # It keeps to it (parts that no longer fit are skipped); `timeout` is the last resort, and the
@@ -104,7 +112,7 @@ name=$(basename "$DRIVER" .py)
 timeout -s INT $((budget + 20)) python3 "$DRIVER" \
   --base "http://127.0.0.1:$PORT" --pid "$vllm_pid" --out "$OUT/$name.json" \
   --meta "$meta" --started-s $((now - launched)) --budget-s "$budget" \
-  --sync-interval-s "$SYNC_S" ${DRIVER_ARGS:-}
+  --sync-interval-s "$SYNC_S" --model "$TARGET" ${DRIVER_ARGS:-}
 rc=$?
 stop_vllm
 trap - EXIT
