@@ -6,10 +6,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tabletune import __version__
 from tabletune.admin.state import TableState
-from tabletune.daemon.decide import Estimates
+from tabletune.daemon.decide import Estimates, decide
 from tabletune.daemon.guard import GoodputHistory, GoodputSample, PendingCheck
 from tabletune.daemon.loads import LoadTracker
 from tabletune.daemon.plan import (
@@ -26,6 +28,8 @@ from tabletune.daemon.runtime import ReplicaRuntime
 from tabletune.daemon.settings import load_settings
 from tabletune.daemon.state import ReplicaRecord
 from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout
+from tabletune.schemas.table import dense_lookup
+from tabletune.solver import StepTimes
 from tests.unit.daemon_fakes import small_profile
 
 POOL = make_pool(small_profile(), None)
@@ -177,3 +181,64 @@ def test_a_load_that_moved_since_the_last_decision_calls_for_a_new_one() -> None
     rt = _runtime(decided_load=40.0)
     plan = plan_replica(rt, _inputs(load_moved=True), settings=SETTINGS, dry_run=False)
     assert plan.decision is not None
+
+
+def _k3_twice_as_fast(unproven_k: int | None) -> PlanInputs:
+    """Estimates where k=3 runs at half the profile's time at B 33..64 (the table runs k=2
+    there); ``unproven_k``'s estimate there leans on other k's live steps alone."""
+    st = POOL.step_times
+    ms = st.dense(128)
+    ms[st.ks.index(3), 32:64] *= 0.5
+    unproven = np.zeros(ms.shape, dtype=bool)
+    if unproven_k is not None:
+        unproven[st.ks.index(unproven_k), 32:64] = True
+    estimates = Estimates(
+        step_times=StepTimes(grid=tuple(range(1, 129)), ks=st.ks, ms=ms),
+        rates=POOL.prior,
+        relative_sigma=np.full(ms.shape, 0.01),
+        unproven=unproven,
+    )
+    return _inputs(estimates=estimates, rates_moved=True)
+
+
+def test_an_unproven_k_never_displaces_the_running_k() -> None:
+    # Issue 16's shape change on the emulator: k=2 borrowed a low ratio from k=1 and k=0
+    # after nine steps of its own and took the table from the measured k=3 (2.6 % lost).
+    kept = plan_replica(_runtime(), _k3_twice_as_fast(3), settings=SETTINGS, dry_run=False)
+    assert kept.decision is not None and not any(isinstance(e, PushTable) for e in kept.effects)
+    for unproven in (None, 2):  # k=3 measured; or the running k=2 is the unproven one
+        plan = plan_replica(
+            _runtime(), _k3_twice_as_fast(unproven), settings=SETTINGS, dry_run=False
+        )
+        assert plan.decision is not None and plan.decision.push
+        assert plan.decision.new is not None
+        assert {k for start, end, k in plan.decision.new if start <= 40 <= end} == {3}
+
+
+@given(
+    st.lists(st.floats(min_value=0.3, max_value=3.0), min_size=4, max_size=4),
+    st.lists(st.booleans(), min_size=4 * 16, max_size=4 * 16),
+)
+@settings(max_examples=60, deadline=None)
+def test_no_batch_size_moves_to_an_unproven_k(factors: list[float], marks: list[bool]) -> None:
+    # Any step times, any k unproven on any 8-wide block of batch sizes: where the table
+    # changes k (no range merging: min_width 1), the new k is not unproven there.
+    profile = POOL.step_times
+    ms = profile.dense(128) * np.asarray(factors)[:, None]
+    unproven = np.repeat(np.asarray(marks).reshape(4, 16), 8, axis=1)
+    estimates = Estimates(
+        step_times=StepTimes(grid=tuple(range(1, 129)), ks=profile.ks, ms=ms),
+        rates=POOL.prior,
+        relative_sigma=np.full(ms.shape, 0.01),
+        unproven=unproven,
+    )
+    view = _view()
+    decision = decide(
+        estimates=estimates, view=view, load_weights={40: 1.0}, settings=SETTINGS.decision
+    )
+    assert decision.new is not None
+    before = dense_lookup(START, 128, 3)
+    after = dense_lookup(decision.new, 128, 3)
+    for b in range(1, 129):
+        if after[b] != before[b]:
+            assert not unproven[profile.ks.index(after[b]), b - 1], b

@@ -225,3 +225,96 @@ def test_a_shift_of_the_running_k_makes_the_other_k_of_its_cell_unmeasured_again
     estimator.add(_steps(1, [10], 1.0, repeat=300), now=3.0, half_life_s=1e9, shift=0.15)
     estimator.add(_steps(3, [128], 1.6, repeat=300), now=4.0, half_life_s=1e9, shift=0.15)
     assert estimator.estimate(PARAMS).steps[1, :].sum() == pytest.approx(300, rel=1e-6)
+
+
+def test_a_k_stays_measured_while_its_steps_fade_until_the_cell_loses_sight_of_its_traffic() -> (
+    None
+):
+    # k=2 ran 40 steps once (a neighbour burst's worth), k=3 runs every cycle: k=2's steps fade
+    # under the exploration bar, but what they showed still holds while the cell's traffic is
+    # watched (the running k keeps enough steps for a shift to be seen).
+    estimator = _estimator()
+    estimator.add(
+        {**_steps(3, [128], 1.0, repeat=500), **_steps(2, [128], 1.5, repeat=40)},
+        now=0.0,
+        half_life_s=60.0,
+        shift=0.15,
+    )
+    for minute in range(1, 6):
+        estimator.add(_steps(3, [128], 1.0, repeat=300), now=60.0 * minute, half_life_s=60.0)
+    estimate = estimator.estimate(PARAMS)
+    col = estimate.cells.index((121, 128))
+    assert estimate.steps[2, col] < 30 <= estimate.measured[2, col] == pytest.approx(40)
+    assert estimate.measured[3, col] == pytest.approx(500 + 5 * 300)
+    # The load leaves the cell: once its steps are too few to see a change of traffic, what
+    # its k showed is no longer vouched for.
+    estimator.add({}, now=60.0 * 5 + 600.0, half_life_s=60.0)
+    assert not estimator.estimate(PARAMS).measured[:, col].any()
+
+
+def test_a_shift_of_the_traffic_and_a_restart_drop_what_counted_as_measured() -> None:
+    estimator = _estimator()
+    estimator.add(
+        {**_steps(3, [128], 1.0, repeat=1000), **_steps(2, [128], 1.0, repeat=1000)},
+        now=0.0,
+        half_life_s=1e9,
+        shift=0.15,
+    )
+    estimator.add(_steps(3, [128], 1.6, repeat=500), now=1.0, half_life_s=1e9, shift=0.15)
+    measured = estimator.estimate(PARAMS).measured
+    col = estimator.layout.cells.index((121, 128))
+    assert measured[2, col] == 0 and measured[3, col] == pytest.approx(500)
+    estimator.clear()
+    assert not estimator.estimate(PARAMS).measured.any()
+
+
+def test_after_a_shift_a_k_leaning_on_other_k_live_steps_is_unproven_where_they_ran() -> None:
+    estimator = _estimator()
+    estimator.add(
+        {**_steps(3, [128], 1.0, repeat=1000), **_steps(1, [10], 1.0, repeat=300)},
+        now=0.0,
+        half_life_s=1e9,
+        shift=0.15,
+    )
+    # Steady traffic: an unobserved k borrows what the others show and may be decided on.
+    assert not estimator.estimate(PARAMS).unproven.any()
+    # Long prompts: k=3 runs 2x now. The other k of B 121..128 lean on that alone.
+    estimator.add(_steps(3, [128], 2.0, repeat=500), now=1.0, half_life_s=1e9, shift=0.15)
+    unproven = estimator.estimate(PARAMS).unproven
+    assert unproven.shape == (len(KS), 256)
+    assert unproven[:3, 120:128].all() and not unproven[3, 120:128].any()
+    assert not np.delete(unproven, np.s_[120:128], axis=1).any()
+    # k=2 measured as many steps as the prior weighs (w = 100): its own evidence leads.
+    estimator.add(_steps(2, [128], 2.0, repeat=100), now=2.0, half_life_s=1e9, shift=0.15)
+    unproven = estimator.estimate(PARAMS).unproven
+    assert not unproven[2:, 120:128].any() and unproven[:2, 120:128].all()
+    estimator.clear()
+    assert not estimator.estimate(PARAMS).unproven.any()
+
+
+def test_borrowing_across_graph_modes_is_not_leaning_on_other_k() -> None:
+    # The profile timed k=2/3 off the full graph at B 121..128: k=0/1's steps there say
+    # nothing of them (they borrow nothing), so only k=0 leans on k=1's steps after a shift.
+    off = np.zeros((len(KS), len(GRID)), dtype=bool)
+    off[2:, GRID.index(128)] = True
+    estimator = StepTimeEstimator(StepTimeLayout(PROFILE, 256, off_graph=off))
+    estimator.add(_steps(1, [128], 1.0, repeat=1000), now=0.0, half_life_s=1e9, shift=0.15)
+    estimator.add(_steps(1, [128], 2.0, repeat=300), now=1.0, half_life_s=1e9, shift=0.15)
+    unproven = estimator.estimate(PARAMS).unproven
+    assert unproven[0, 127] and not unproven[1:, 127].any()
+
+
+def test_a_shift_shows_within_a_cycle_of_slow_steps_and_only_at_the_running_k() -> None:
+    # Long prompts at B~216 on the emulator: ~180 steps a cycle, and the shift waited two
+    # cycles for 200 fresh steps while the table ran the old traffic's k.
+    estimator = _estimator()
+    before = {**_steps(1, [128], 1.0, repeat=3000), **_steps(3, [128], 1.0, repeat=300)}
+    estimator.add(before, now=0.0, half_life_s=1e9, shift=0.15)
+    # A burst's k alone moved (40 steps, against the running k's 150 unchanged): no shift.
+    burst = {**_steps(1, [128], 1.0, repeat=150), **_steps(3, [128], 1.6, repeat=40)}
+    estimator.add(burst, now=1.0, half_life_s=1e9, shift=0.15)
+    col = estimator.layout.cells.index((121, 128))
+    assert estimator.estimate(PARAMS).measured[3, col] == pytest.approx(340)
+    # The running k moved, over 150 steps: the cell's other k are measured afresh.
+    estimator.add(_steps(1, [128], 1.6, repeat=150), now=2.0, half_life_s=1e9, shift=0.15)
+    assert estimator.estimate(PARAMS).measured[3, col] == 0

@@ -46,11 +46,18 @@ class Decision:
 @dataclass(frozen=True)
 class Estimates:
     """What a decision is made from: step times (T_hat on a dense grid, or the profile), their
-    relative uncertainty (rows follow ``step_times.ks``, columns B-1; None = exact), a_hat."""
+    relative uncertainty (rows follow ``step_times.ks``, columns B-1; None = exact), a_hat,
+    and where T_hat of a k rests on other k's live steps alone (same layout; None: nowhere)."""
 
     step_times: StepTimes
     rates: tuple[float, ...]
     relative_sigma: np.ndarray | None = None
+    unproven: np.ndarray | None = None
+
+
+# The relative uncertainty given to an unproven k where it would replace the running k: no
+# gain clears a noise bar of 0.1 or more standard errors.
+UNPROVEN_SIGMA = 10.0
 
 
 def decide(
@@ -66,7 +73,10 @@ def decide(
 
     The running table is the baseline: a batch size keeps its k unless another is better by
     more than the estimate's uncertainty (``confidence_z`` standard errors), and no range is
-    narrower than ``min_width``."""
+    narrower than ``min_width``. An ``unproven`` k (since the traffic there changed, its
+    estimate leans on other k's live steps more than on its own) does not replace the running
+    k: what the other k show under the new traffic can be far from what it shows, and the
+    neighbour bursts measure it first."""
     step_times, rates = estimates.step_times, estimates.rates
     if not view.dynamic or view.table is None:
         return Decision(push=False, reason="the replica runs a static k: no table to set")
@@ -82,7 +92,8 @@ def decide(
     except TableError as error:
         current = None
         current_problem = str(error)
-    sigma = estimates.relative_sigma
+    baseline = _baseline(current, max_batch, view.num_speculative_tokens)
+    sigma = _unproven_barred(estimates, baseline, max_batch)
     try:
         solution = solve(
             TableProblem(
@@ -91,9 +102,9 @@ def decide(
                 allowed_k=allowed,
                 max_batch=max_batch,
                 stickiness=settings.stickiness,
-                uncertainty=None if sigma is None else sigma[:, :max_batch],
+                uncertainty=sigma,
                 confidence=settings.confidence_z,
-                baseline=_baseline(current, max_batch, view.num_speculative_tokens),
+                baseline=baseline,
                 min_width=min_width,
             )
         )
@@ -155,6 +166,23 @@ def _held_back(solution: Solution, weights: Mapping[int, float], stickiness: flo
         for b, w in weights.items()
         if w > 0
     )
+
+
+def _unproven_barred(
+    estimates: Estimates, baseline: Sequence[int] | None, max_batch: int
+) -> np.ndarray | None:
+    """The relative uncertainty over B = 1..max_batch, ``UNPROVEN_SIGMA`` where an unproven
+    k would replace the running table's k."""
+    sigma = estimates.relative_sigma
+    sigma = None if sigma is None else sigma[:, :max_batch]
+    if estimates.unproven is None or baseline is None:
+        return sigma
+    ks = np.asarray(estimates.step_times.ks)[:, None]
+    barred = estimates.unproven[:, :max_batch] & (ks != np.asarray(baseline)[None, :])
+    if not barred.any():
+        return sigma
+    base = np.zeros(barred.shape) if sigma is None else sigma
+    return np.where(barred, UNPROVEN_SIGMA, base)
 
 
 def _baseline(

@@ -2,11 +2,12 @@
 the table's k where the load runs.
 
 A k is worth exploring at a loaded batch size when its optimistic goodput beats the table's k
-there: measured (enough live steps), its step time one uncertainty band faster than
-estimated; never measured there, what the profile promises. A k that live steps have shown
-to be worse drops out, so the bursts stop paying for it; a k the table cannot reach by small
-steps (k=3 running where k=1 is best) is still tried. With nothing worth trying the daemon
-turns the bursts off.
+there: measured (``MEASURED_STEPS`` live steps since the cell's traffic last changed, faded
+or not), its step time one uncertainty band faster than estimated; never measured there, what
+the profile promises. A k that live steps have shown to be worse drops out, and stays out
+while the traffic there stays as it was, so the bursts stop paying for it; a k the table
+cannot reach by small steps (k=3 running where k=1 is best) is still tried. With nothing
+worth trying the daemon turns the bursts off.
 """
 
 from __future__ import annotations
@@ -17,13 +18,9 @@ from tabletune.admin.protocol import TableView
 from tabletune.daemon.guard import view_ranges
 from tabletune.daemon.runtime import ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
-from tabletune.daemon.step_time import StepTimeEstimate
+from tabletune.daemon.step_time import MEASURED_STEPS, StepTimeEstimate
 from tabletune.solver import StepTimes, dense_lookup, tau
 from tabletune.step_cells import cell_of
-
-# Live steps a (k, batch cell) needs before its own estimate, rather than the profile's
-# promise, says whether that k is worth exploring.
-MIN_STEPS = 30.0
 
 
 def loaded_batches(load_weights: Mapping[int, float], *, min_share: float) -> list[int]:
@@ -65,7 +62,7 @@ def exploration_ks(
             if k == current or k not in rows:
                 continue
             i = rows[k]
-            if estimate.steps[i, j] >= min_steps:
+            if estimate.measured[i, j] >= min_steps:
                 hopeful = estimate.step_times.at(b, k) * (
                     1.0 - z * float(estimate.relative_sigma[i, b - 1])
                 )
@@ -95,6 +92,6 @@ def replica_exploration(
         dense_lookup(ranges, top, view.num_speculative_tokens),
         rt.loads.clipped(top),
         set(view.allowed_k) & set(rt.pool.step_times.ks),
-        min_steps=MIN_STEPS,
+        min_steps=MEASURED_STEPS,
         z=settings.decision.confidence_z,
     )

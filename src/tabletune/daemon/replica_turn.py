@@ -171,6 +171,7 @@ class ReplicaTurn:
                 step_times=estimate.step_times if use_live else rt.pool.step_times,
                 rates=unit.rates,
                 relative_sigma=estimate.relative_sigma if use_live else rt.pool.relative_sigma,
+                unproven=estimate.unproven if use_live else None,
             ),
             load_weights=rt.loads.weights,
             rates_moved=turn.rebuilt and rates_moved,

@@ -15,9 +15,16 @@ on ``m(c)``, what the other k at the same batch sizes show (among the k the prof
 the same kind of CUDA graph: full, or off it past the capture limit), rather than on the bare
 profile: a cost common to every k (long contexts) then does not make
 the unobserved k look cheap, while an effect of one k (a graph miss) shows once that k is
-observed (the plugin's neighbour exploration sees to it). The uncertainty of r_hat combines the
-prior's (weight w, spread ``prior_sigma``) and the live mean's (per-step variance, steps
-counted as ``1/correlation`` independent samples, since neighbouring steps are alike).
+observed (the plugin's neighbour exploration sees to it). A k with ``MEASURED_STEPS`` steps of
+its own at a cell counts as measured there, its steps faded or not, until the cell's traffic
+changes (a shift, below) or the cell loses sight of it (its steps too few to see a shift): a
+k measured worse than the running one is not explored again each time its evidence fades.
+After a shift, one with fewer steps of its own than ``w`` where another k has as many is
+``unproven``: its estimate leans on what the other k show under the new traffic, and the
+decision does not trust it over them. The
+uncertainty of r_hat combines the prior's (weight w, spread ``prior_sigma``) and the live
+mean's (per-step variance, steps counted as ``1/correlation`` independent samples, since
+neighbouring steps are alike).
 """
 
 from __future__ import annotations
@@ -31,7 +38,11 @@ from tabletune.solver import StepTimes
 from tabletune.step_cells import CellTotals, StepCells, cells_up_to
 
 FIELDS = 5  # steps, seconds, seconds_sq, tokens, requests (CellTotals order)
-SHIFT_MIN_STEPS = 200.0  # steps on each side before a shift of traffic is judged
+# Live steps of its own a (k, batch cell) needs, since the cell's traffic last changed, before
+# its estimate (rather than the profile's promise, or what the other k show) speaks for it;
+# also the fresh steps of the running k a shift of traffic is judged on.
+MEASURED_STEPS = 30.0
+SHIFT_MIN_STEPS = 200.0  # past steps of the running k before a shift of traffic is judged
 FORGET_ON_SHIFT = 0.02  # what a cell keeps of its past after a shift
 
 
@@ -61,7 +72,7 @@ class CellEstimate:
 class StepTimeEstimate:
     """T_hat on the dense grid 1..max_batch with its relative uncertainty, and per cell (rows
     follow the profile's ks, columns the layout's cells) the live steps, live ratio, r_hat,
-    its standard error and the scheduled tokens per step."""
+    its standard error, the scheduled tokens per step and the steps counted as measured."""
 
     step_times: StepTimes  # grid 1..max_batch, the profile's ks
     relative_sigma: np.ndarray  # sigma(T_hat)/T_hat, rows follow ks, columns B-1
@@ -72,6 +83,11 @@ class StepTimeEstimate:
     ratio: np.ndarray
     sigma: np.ndarray
     mean_tokens: np.ndarray  # nan without data
+    measured: np.ndarray  # live steps since the cell's traffic last changed (not faded)
+    # Rows ks, columns B-1: the traffic there shifted, and T_hat rests on other k's live
+    # steps since then more than on this k's own (fewer than the prior's weight w, while
+    # another k of its graph kind has as many).
+    unproven: np.ndarray
 
     def cell(self, row: int, col: int) -> CellEstimate:
         return CellEstimate(
@@ -148,6 +164,9 @@ class StepTimeEstimator:
     def __init__(self, layout: StepTimeLayout) -> None:
         self.layout = layout
         self.sums = np.zeros((len(layout.ks), len(layout.cells), FIELDS))
+        # Steps per (k, cell) since the cell's traffic last changed: they do not fade.
+        self.measured = np.zeros((len(layout.ks), len(layout.cells)))
+        self.shifted = np.zeros(len(layout.cells), dtype=bool)  # its traffic changed
         self.updated_at: float | None = None
 
     def add(
@@ -162,12 +181,19 @@ class StepTimeEstimator:
         cells were outside the layout (an unprofiled k, or a batch beyond the profile).
 
         A change of traffic (a new shape: longer prompts, other contexts) moves every k's
-        step time at once, but only the k that runs shows it. When a (k, cell) with enough
-        steps on both sides moved by more than ``shift`` (relative, and well outside its
-        noise), what the cell knew of the other k is forgotten too: they count as unmeasured
-        again, so they are explored afresh instead of being judged on the old traffic."""
+        step time at once, but only the k that runs shows it. When the k with the most steps
+        in a cell this interval (the table's) moved by more than ``shift`` (relative, and well
+        outside its noise; ``SHIFT_MIN_STEPS`` before, ``MEASURED_STEPS`` now), what the cell
+        knew of the other k is forgotten too: they count as unmeasured again, so they are
+        explored afresh instead of being judged on the old traffic. A cell whose steps faded
+        below what that check needs can no longer see such a change: what its k counted as
+        measured goes too."""
         if self.updated_at is not None and now > self.updated_at:
             self.sums *= 0.5 ** ((now - self.updated_at) / half_life_s)
+            watched = self.measured.max(axis=0) >= SHIFT_MIN_STEPS
+            blind = watched & (self.sums[..., 0].max(axis=0) < SHIFT_MIN_STEPS)
+            self.measured[:, blind] = 0.0
+            self.shifted[blind] = False
         self.updated_at = now if self.updated_at is None else max(now, self.updated_at)
         outside = 0
         rows: list[tuple[tuple[int, int], np.ndarray]] = []
@@ -177,16 +203,23 @@ class StepTimeEstimator:
                 outside += 1
                 continue
             rows.append((where, _as_row(totals)))
+        running: dict[int, tuple[int, np.ndarray]] = {}  # per cell, its busiest k's row
         for (row, col), fresh in rows:
+            if col not in running or fresh[0] > running[col][1][0]:
+                running[col] = (row, fresh)
+        for col, (row, fresh) in running.items():
             if self._shifted(self.sums[row, col], fresh, shift):
                 self.sums[:, col] *= FORGET_ON_SHIFT
+                self.measured[:, col] = 0.0
+                self.shifted[col] = True
         for where, fresh in rows:
             self.sums[where] += fresh
+            self.measured[where] += fresh[0]
         return outside
 
     @staticmethod
     def _shifted(old: np.ndarray, fresh: np.ndarray, shift: float) -> bool:
-        if old[0] < SHIFT_MIN_STEPS or fresh[0] < SHIFT_MIN_STEPS or not math.isfinite(shift):
+        if old[0] < SHIFT_MIN_STEPS or fresh[0] < MEASURED_STEPS or not math.isfinite(shift):
             return False
         old_mean = float(old[1] / old[0])
         new_mean = float(fresh[1] / fresh[0])
@@ -198,6 +231,8 @@ class StepTimeEstimator:
     def clear(self) -> None:
         """Forget live data (the engine restarted, possibly with other settings)."""
         self.sums[:] = 0.0
+        self.measured[:] = 0.0
+        self.shifted[:] = False
 
     def estimate(
         self, params: StepTimeParams, *, prior_sigma: np.ndarray | None = None
@@ -226,11 +261,14 @@ class StepTimeEstimator:
         # kind of graph: live steps carrying prefill run off the full graph at every k, so a
         # ratio to a full-graph cell says nothing of one the profile timed eager.
         common = np.ones_like(steps)
+        own = self.measured >= w
+        leaning = np.zeros_like(own)
         for group in (False, True):
             mine = layout.off_graph == group
             shown = np.where(mine, weighted, 0.0).sum(axis=0)
             counted = np.where(mine, steps, 0.0).sum(axis=0)
             common = np.where(mine, ((w + shown) / (w + counted))[None, :], common)
+            leaning |= mine & (mine & own).any(axis=0)[None, :] & self.shifted[None, :]
         ratio = (w * common + weighted) / (w + steps)
 
         cell_sigma = self._cell_prior_sigma(params, prior_sigma)
@@ -265,6 +303,8 @@ class StepTimeEstimator:
             ratio=ratio,
             sigma=sigma,
             mean_tokens=np.where(seen, self.sums[..., 3] / safe, np.nan),
+            measured=self.measured.copy(),
+            unproven=(leaning & ~own)[:, columns],
         )
 
     def _cell_prior_sigma(
