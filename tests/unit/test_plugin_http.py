@@ -24,7 +24,7 @@ from tabletune.admin.protocol import (
 from tabletune.admin.state import AdminError
 from tabletune.plugin import http as http_module
 from tabletune.plugin import wire
-from tabletune.plugin.engine import build_controller, step_timer_of
+from tabletune.plugin.engine import TIMER_ATTR, build_controller, step_timer_of
 from tabletune.plugin.engine_backend import EngineUtilityBackend, sync_views
 from tabletune.plugin.http import TableTuneEndpoint
 from tabletune.plugin.metrics_core import TableTuneMetrics
@@ -339,7 +339,7 @@ def test_the_step_cells_route_relays_engine_failures(monkeypatch: pytest.MonkeyP
     response = client.get(STEP_CELLS_PATH, headers=AUTH)
     assert response.status_code == 503 and "tabletune_engine" in response.json()["detail"]
     engine = FakeEngineClient()
-    engine.core.scheduler._tabletune_step_timer = SimpleNamespace(to_wire=lambda: {"cells": 1})
+    setattr(engine.core.scheduler, TIMER_ATTR, SimpleNamespace(to_wire=lambda: {"cells": 1}))
     client, _ = make_app(monkeypatch, engine)
     response = client.get(STEP_CELLS_PATH, headers=AUTH)
     assert response.status_code == 502 and "malformed step cells" in response.json()["detail"]
