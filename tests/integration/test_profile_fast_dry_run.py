@@ -49,6 +49,8 @@ def test_the_gpu_job_profiles_twice_cross_checks_and_writes_its_results(tmp_path
     assert phases <= set(run1["wall_time_s"])
     assert sum(run1["wall_time_s"][p] for p in phases) <= run1["wall_time_s"]["timing"]
     assert run1["in_flight_events"]["windows"] == 5 * 4 * 3
+    # the stand-in's plugin has the step-cells route: every reading went there, none to /metrics
+    assert run1["in_flight_events"]["route_reads"] == run1["in_flight_events"]["reads"]
     for name in ("run1", "run2"):
         profile = json.loads((tmp_path / name / "profile.json").read_text())
         assert profile["metadata"]["timing_method"] == "in-flight"

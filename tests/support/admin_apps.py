@@ -30,9 +30,10 @@ from prometheus_client import CollectorRegistry
 from tabletune.admin.auth import OPEN_ENV, TOKEN_ENV, TOKEN_FILE_ENV, VLLM_API_KEY_ENV
 from tabletune.admin.state import TableState
 from tabletune.plugin import wire
-from tabletune.plugin.engine import build_controller
+from tabletune.plugin.engine import TIMER_ATTR, build_controller, step_timer_of
 from tabletune.plugin.http import TableTuneEndpoint
 from tabletune.plugin.metrics_core import TableTuneMetrics
+from tabletune.plugin.step_timer import StepTimer
 from tabletune.schemas import load_profile
 from tabletune.schemas.table import dense_lookup
 from tabletune.sim.app import ReplicaSet, build_app
@@ -51,6 +52,8 @@ LOOPBACK_CLIENT = ("127.0.0.1", 50000)
 SERVER = ("127.0.0.1", 8000)
 REMOTE_CLIENT = ("10.1.2.3", 50000)
 MSGPACK_INT = (-(2**63), 2**64 - 1)
+WALL = 1_000_000.0
+"""the wall time both engines started at (the emulator's clock never moves from it)"""
 
 
 def msgpack_problem(value: object) -> str | None:
@@ -90,6 +93,7 @@ class MsgpackEngine:
 
     def __init__(self) -> None:
         self.core = _fake_core()
+        setattr(self.core.scheduler, TIMER_ATTR, StepTimer(started_at=WALL))
         self.controller = build_controller(self.core, engine_version="0.26.0")
         self.calls: list[str] = []
         self.vllm_config = self.core.vllm_config
@@ -104,6 +108,7 @@ class MsgpackEngine:
             wire.GET_TABLE: self.controller.get,
             wire.PUT_TABLE: self.controller.put_table,
             wire.PUT_SETTINGS: self.controller.put_settings,
+            wire.GET_STEP_CELLS: step_timer_of(self.core.scheduler).to_wire,
         }
         return methods[name](*args)
 
@@ -230,8 +235,8 @@ def sim_app(env: Mapping[str, str]) -> AdminApp:
         },
         source="admin_apps",
     )
-    wall = 1_000_000.0  # never moves: the engine does not step between requests
-    clock = SimClock(speed=1.0, start_wall=wall, wall=lambda: wall)
+    # never moves: the engine does not step between requests
+    clock = SimClock(speed=1.0, start_wall=WALL, wall=lambda: WALL)
     profile = load_profile(REPO / "examples" / "sample-profile.json")
     replica = Replica(scenario, profile, base_dir=REPO, clock=clock)
     with admin_environment(env):

@@ -13,7 +13,8 @@ engine-side controller; vLLM's own counters are prometheus_client objects of vLL
 Acceptance is the synthetic 0.75/0.55/0.40, kept deterministically (fractions carried over);
 the profiler hook's ``/collective_rpc`` switches it (all zeros: every guess rejected). A
 completion may hold a list of prompts (that many requests); a client that goes away aborts its
-requests, as vLLM's ``with_cancellation`` does.
+requests, as vLLM's ``with_cancellation`` does. With ``STAND_IN_OLD_PLUGIN=1`` the admin API
+has no step-cells route, as a plugin from before it (the profiler then reads /metrics).
 
     python -m tests.support.vllm_stand_in --port 8000 [vLLM's other flags, ignored]
 """
@@ -24,6 +25,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,7 +37,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tabletune.admin.protocol import STEP_CELLS_PATH
 from tabletune.plugin import wire
 from tabletune.plugin.engine import build_controller, step_timer_of, wrap_update_from_output
 from tabletune.plugin.http import TableTuneEndpoint
@@ -44,6 +48,7 @@ from tabletune.profiler.hook_protocol import HOOK_METHOD, SamplerMode
 from tabletune.schemas.table import dense_lookup
 
 RATES = (0.75, 0.55, 0.40)
+OLD_PLUGIN_ENV = "STAND_IN_OLD_PLUGIN"
 START_TABLE = [[1, 1, 0], [2, 2, 1], [3, 3, 2], [4, 256, 3]]
 
 
@@ -84,6 +89,20 @@ class Scheduler:
 Scheduler.update_from_output = wrap_update_from_output(  # type: ignore[method-assign]
     Scheduler.update_from_output
 )
+
+
+class WithoutStepCells:
+    """The step-cells route answered as FastAPI answers an unknown path (a plain ASGI layer:
+    Starlette's BaseHTTPMiddleware would hide a client's disconnect from the routes)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == STEP_CELLS_PATH:
+            await JSONResponse({"detail": "Not Found"}, status_code=404)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class StandIn:
@@ -225,6 +244,8 @@ class StandIn:
 
         app = FastAPI(lifespan=lifespan)
         plugin.attach_router(app)
+        if os.environ.get(OLD_PLUGIN_ENV) == "1":
+            app.add_middleware(WithoutStepCells)
 
         @app.get("/health")
         async def health() -> Response:

@@ -6,7 +6,9 @@ step schedules every running request (a new one prefills its prompt, the others 
 drafts proposed at the previous step's end, which is when the table is read, as with async
 scheduling), lasts ``step_ms(B, k)`` plus a prefill cost, and is handed to the plugin's real
 ``StepTimer``; its totals are published every ``sync_s`` (the HTTP side's sync), which is all
-``step_reading`` ever sees. Every guess is rejected: one token per request per step.
+``step_reading`` sees through /metrics (an older plugin), or, with ``fresh``, read as of the last
+finished step (the admin API's step-cells route asks the engine). Every guess is rejected: one
+token per request per step.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ class SteppingEngine:
     on_step: Callable[[SteppingEngine], None] | None = None
     """called after every step (tests break things here)"""
     fail_with: str | None = None
+    fresh: bool = False
+    """step_reading as of the last finished step (the step-cells route), not the last sync"""
+    reads: int = 0
     k_at: Callable[[int], int] | None = None
     """the table's k at a batch size, when the table lives elsewhere (a fake admin API);
     default: the k of the last set_k_everywhere"""
@@ -85,8 +90,17 @@ class SteppingEngine:
         self.k = k
         self.puts.append(k)
 
+    @property
+    def readings_fresh(self) -> bool:
+        return self.fresh
+
     def step_reading(self) -> StepReading:
-        return self.published
+        self.reads += 1
+        return self.live_reading() if self.fresh else self.published
+
+    def live_reading(self) -> StepReading:
+        counter = self.timer.counter
+        return StepReading(counter.totals(), counter.steps_without_decode, counter.switch_steps)
 
     def send(self, prompts: Sequence[Prompt], *, max_tokens: int) -> None:
         lengths = {len(p) for p in prompts}
@@ -123,11 +137,7 @@ class SteppingEngine:
                 break
             self.now = event
             if event == self._next_sync:
-                self.published = StepReading(
-                    self.timer.counter.totals(),
-                    self.timer.counter.steps_without_decode,
-                    self.timer.counter.switch_steps,
-                )
+                self.published = self.live_reading()
                 self._next_sync += self.sync_s
             elif event == self._next_arrival:
                 assert self._stream is not None

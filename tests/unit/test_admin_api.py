@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -14,12 +16,15 @@ from tabletune.admin.local import LocalBackend
 from tabletune.admin.protocol import (
     MAX_BODY_BYTES,
     SETTINGS_PATH,
+    STEP_CELLS_PATH,
     TABLE_PATH,
     SettingsPut,
+    StepCellsRead,
     TablePut,
 )
 from tabletune.admin.router import install_admin_api
 from tabletune.admin.state import AdminError, TableState, parse_if_match
+from tabletune.step_cells import CellTotals, cell_key
 
 START = [[1, 1, 3], [2, 2, 2], [3, 3, 1], [4, 256, 0]]
 TOKEN = "0123456789abcdef-test"
@@ -134,6 +139,68 @@ def test_no_engine_is_503() -> None:
     app = FastAPI()
     install_admin_api(app, lambda request: None, lambda request: AdminAuth(tokens=(TOKEN,)))
     assert TestClient(app).get(TABLE_PATH, headers=AUTH).status_code == 503
+    assert TestClient(app).get(STEP_CELLS_PATH, headers=AUTH).status_code == 503
+
+
+CELLS = StepCellsRead(
+    {(2, 17, 24): CellTotals(3.0, 0.03, 0.0003, 180.0, 60.0), (0, 1, 1): CellTotals(1, 0.01)},
+    steps_without_decode=2.0,
+    started_at=1_700_000_000.5,
+    switch_steps=1.0,
+    switch_seconds=0.02,
+)
+
+
+def test_step_cells_are_the_engines_totals_on_the_wire() -> None:
+    state = TableState.initial(START, num_speculative_tokens=3, max_num_seqs=256)
+    backend = LocalBackend(state, engine_version="0.26.0", step_cells=lambda: CELLS)
+    app = FastAPI()
+    install_admin_api(app, lambda request: backend, lambda request: AdminAuth(tokens=(TOKEN,)))
+    client = TestClient(app)
+    assert client.get(STEP_CELLS_PATH).status_code == 401  # the table GET's rules
+    response = client.get(STEP_CELLS_PATH, headers=AUTH)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["cells"] == [[0, 1, 1, 1, 0.01, 0, 0, 0], [2, 17, 24, 3, 0.03, 0.0003, 180, 60]]
+    assert body["steps_without_decode"] == 2 and body["switch_steps"] == 1
+    assert StepCellsRead.from_wire(body) == CELLS
+    assert backend.state.version == 0  # a read changes nothing
+
+
+def test_a_server_that_counts_no_step_cells_says_so_with_a_404() -> None:
+    client, _ = make_client()
+    response = client.get(STEP_CELLS_PATH)
+    assert response.status_code == 404 and "step cells" in response.json()["detail"]
+
+
+@given(
+    cells=st.dictionaries(
+        st.tuples(st.integers(0, 7), st.integers(1, 300)).map(lambda kb: cell_key(*kb)),
+        st.tuples(*[st.floats(0, 1e12)] * 5).map(lambda v: CellTotals(*v)),
+        max_size=8,
+    ),
+    numbers=st.tuples(*[st.floats(0, 1e12)] * 4),
+)
+def test_step_cells_survive_the_wire(
+    cells: dict[tuple[int, int, int], CellTotals], numbers: tuple[float, ...]
+) -> None:
+    read = StepCellsRead(cells, *numbers)
+    assert StepCellsRead.from_wire(json.loads(json.dumps(read.to_wire()))) == read
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        {"cells": [], "started_at": -1},
+        {"cells": [], "started_at": True},
+        {"cells": [[1, 2, 2, 1, 0.1]], "started_at": 1.0},
+        {"cells": [], "started_at": 1.0, "switch_steps": "x"},
+    ],
+)
+def test_malformed_step_cells_are_a_value_error(bad: object) -> None:
+    with pytest.raises(ValueError):
+        StepCellsRead.from_wire(bad)
 
 
 def test_settings_round_trip_and_validation() -> None:

@@ -34,7 +34,13 @@ from tabletune.admin.auth import (
     own_token,
     token_problem,
 )
-from tabletune.admin.protocol import MAX_BODY_BYTES, MAX_WIRE_INT, SETTINGS_PATH, TABLE_PATH
+from tabletune.admin.protocol import (
+    MAX_BODY_BYTES,
+    MAX_WIRE_INT,
+    SETTINGS_PATH,
+    STEP_CELLS_PATH,
+    TABLE_PATH,
+)
 from tabletune.admin.router import one_line
 from tabletune.admin.state import AdminError, parse_if_match
 from tabletune.errors import InputError
@@ -46,6 +52,7 @@ from tests.support.admin_apps import (
     REMOTE_CLIENT,
     START,
     TOKEN,
+    WALL,
     AdminApp,
     RawAnswer,
     asgi_request,
@@ -140,6 +147,7 @@ def test_without_a_token_reads_are_open_and_writes_refused(make: App) -> None:
     app = make({})
     client = app.client(client=LOOPBACK_CLIENT)  # even from this machine
     assert client.get(TABLE_PATH).status_code == 200
+    assert client.get(STEP_CELLS_PATH).status_code == 200
     for path, body in ((TABLE_PATH, GOOD_PUT), (SETTINGS_PATH, {"hysteresis": 1})):
         refused = client.put(path, json=body)
         assert refused.status_code == 403
@@ -151,6 +159,8 @@ def test_with_a_token_every_route_needs_it(make: App) -> None:
     app = make({TOKEN_ENV: TOKEN})
     client = app.client()
     assert client.get(TABLE_PATH).status_code == 401
+    assert client.get(STEP_CELLS_PATH).status_code == 401
+    assert client.get(STEP_CELLS_PATH, headers=AUTH).status_code == 200
     for header in ("Bearer wrong-0123456789abcdef", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN}x"):
         refused = client.put(TABLE_PATH, json=GOOD_PUT, headers={"Authorization": header})
         assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
@@ -469,11 +479,18 @@ def test_plugin_and_emulator_answer_alike() -> None:
         ("PUT", SETTINGS_PATH, {"json": {"hysteresis": 2}, "headers": AUTH}),
         ("PUT", SETTINGS_PATH, {"json": {"hysteresis": "2"}, "headers": AUTH}),
         ("OPTIONS", TABLE_PATH, {"headers": {"Origin": "http://e", "Origin-X": "1"}}),
+        ("GET", STEP_CELLS_PATH, {}),
+        ("GET", STEP_CELLS_PATH, {"headers": {**AUTH, "Origin": "http://e"}}),
+        ("PUT", STEP_CELLS_PATH, {"json": {}, "headers": AUTH}),
+        ("GET", STEP_CELLS_PATH, {"headers": AUTH}),
     ]
     for method, path, kwargs in requests:
         ours, theirs = plugin.request(method, path, **kwargs), sim.request(method, path, **kwargs)
         assert ours.status_code == theirs.status_code, (method, path, kwargs)
         assert ours.json() == theirs.json() or ours.status_code == 200
+    # both engines started at the same wall time and have not stepped: the same cells
+    cells = plugin.get(STEP_CELLS_PATH, headers=AUTH), sim.get(STEP_CELLS_PATH, headers=AUTH)
+    assert cells[0].json() == cells[1].json() and cells[0].json()["started_at"] == WALL
 
 
 def test_an_origin_is_same_only_as_an_http_url_of_a_host_that_was_sent() -> None:

@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
+from tabletune.admin.protocol import StepCellsRead
 from tabletune.plugin.metrics_core import TableTuneMetrics
-from tabletune.plugin.wire import StepCellsRead
 from tabletune.step_cells import CellTotals, cells_from_wire, cells_to_wire
 
 GPU = Path(__file__).resolve().parents[2] / "bench" / "gpu"

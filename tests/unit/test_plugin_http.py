@@ -14,11 +14,17 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from tabletune.admin.auth import OPEN_ENV, TOKEN_ENV, TOKEN_FILE_ENV, VLLM_API_KEY_ENV
-from tabletune.admin.protocol import MAX_BODY_BYTES, SETTINGS_PATH, TABLE_PATH
+from tabletune.admin.protocol import (
+    MAX_BODY_BYTES,
+    SETTINGS_PATH,
+    STEP_CELLS_PATH,
+    TABLE_PATH,
+    StepCellsRead,
+)
 from tabletune.admin.state import AdminError
 from tabletune.plugin import http as http_module
 from tabletune.plugin import wire
-from tabletune.plugin.engine import build_controller, step_timer_of
+from tabletune.plugin.engine import TIMER_ATTR, build_controller, step_timer_of
 from tabletune.plugin.engine_backend import EngineUtilityBackend, sync_views
 from tabletune.plugin.http import TableTuneEndpoint
 from tabletune.plugin.metrics_core import TableTuneMetrics
@@ -304,6 +310,39 @@ def test_step_cells_read_through_the_backend_match_the_engines_counter() -> None
     read = asyncio.run(EngineUtilityBackend(engine.call_utility_async).get_step_cells())
     assert read.cells == timer.counter.totals() and read.started_at == timer.started_at
     assert read.steps_without_decode == 0
+
+
+def test_the_step_cells_route_asks_the_engine_not_the_last_sync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = FakeEngineClient()
+    client, registry = make_app(monkeypatch, engine, token=None)  # reads open without a token
+    timer = step_timer_of(engine.core.scheduler)
+    timer.on_step(0.0, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False)
+    timer.on_step(0.5, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False)
+    response = client.get(STEP_CELLS_PATH)
+    assert response.status_code == 200, response.text
+    assert engine.calls == [(wire.GET_STEP_CELLS, ())]  # no sync ran (interval 0): asked now
+    read = StepCellsRead.from_wire(response.json())
+    assert read.cells == timer.counter.totals() and read.started_at == timer.started_at
+    timer.on_step(0.7, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False)
+    again = StepCellsRead.from_wire(client.get(STEP_CELLS_PATH).json())
+    assert again.cells[(1, 2, 2)].steps == 2  # the step just finished is in
+    exported = registry.get_sample_value(
+        "tabletune_steps_total", {"model_name": "qwen3-4b", "engine": "0", "k": "1", "batch": "2"}
+    )
+    assert exported == 2  # what the route read is published too, as a sync's read is
+
+
+def test_the_step_cells_route_relays_engine_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    client, _ = make_app(monkeypatch, FakeEngineClient(fail=True))
+    response = client.get(STEP_CELLS_PATH, headers=AUTH)
+    assert response.status_code == 503 and "tabletune_engine" in response.json()["detail"]
+    engine = FakeEngineClient()
+    setattr(engine.core.scheduler, TIMER_ATTR, SimpleNamespace(to_wire=lambda: {"cells": 1}))
+    client, _ = make_app(monkeypatch, engine)
+    response = client.get(STEP_CELLS_PATH, headers=AUTH)
+    assert response.status_code == 502 and "malformed step cells" in response.json()["detail"]
 
 
 def test_the_sync_loop_runs_every_second_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

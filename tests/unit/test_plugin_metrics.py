@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from tabletune.admin.protocol import TableView
+from tabletune.admin.protocol import StepCellsRead, TableView
 from tabletune.plugin import metrics as metrics_entry
 from tabletune.plugin.metrics import make_stat_logger_class
 from tabletune.plugin.metrics_core import TableTuneMetrics
-from tabletune.plugin.wire import StepCellsRead
 from tabletune.step_cells import CellTotals
 
 LABELS = {"model_name": "qwen3-4b", "engine": "0"}

@@ -1,6 +1,8 @@
 """The in-flight measurer against a step-level fake engine in virtual time
 (tests/unit/profiler_stepper.py): exact step times, k interleaved, contexts capped, broken
-windows taken again, outliers re-measured, a prefill stream riding along, clear failures."""
+windows taken again, outliers re-measured, a prefill stream riding along, clear failures; each
+with readings as of the last sync (/metrics) and as of the last step (the step-cells route),
+the latter ending windows within a step of their last."""
 
 from __future__ import annotations
 
@@ -17,15 +19,18 @@ from tabletune.profiler.inflight_plan import (
     k_orders,
     next_action,
     output_tokens,
+    wait_for_window,
 )
 from tabletune.profiler.progress import QuietReporter
 from tabletune.profiler.records import WindowSample
 from tabletune.profiler.settings import InFlightSettings, TimingSettings
 from tabletune.profiler.step_reading import StepReading
 from tabletune.schemas.shape import PrefillStream
+from tabletune.step_cells import CellTotals
 from tests.unit.profiler_stepper import SteppingEngine, linear_ms
 
 TIMING = TimingSettings(repeats=3, warmup_batches=(1,))
+READINGS = pytest.mark.parametrize("fresh", [False, True], ids=["metrics", "route"])
 IN_FLIGHT = InFlightSettings(window_timeout_s=5.0)
 GRID = (1, 2, 3, 8, 20, 24)
 KS = (0, 1, 2, 3)
@@ -72,8 +77,9 @@ def test_the_holding_adds_going_up_and_starts_over_when_contexts_would_pass_the_
     assert output_tokens(32, 256) == 224 + 64
 
 
-def test_step_times_are_exact_windows_pure_and_k_interleaved() -> None:
-    engine = SteppingEngine()
+@READINGS
+def test_step_times_are_exact_windows_pure_and_k_interleaved(fresh: bool) -> None:
+    engine = SteppingEngine(fresh=fresh)
     windows: list[WindowSample] = []
     result = measurer(engine, windows=windows).measure(GRID, KS)
     assert set(result.samples) == {(b, k) for b in GRID for k in KS}
@@ -94,8 +100,9 @@ def test_step_times_are_exact_windows_pure_and_k_interleaved() -> None:
     assert details.context_tokens is not None and 32 < details.context_tokens < 256
 
 
-def test_going_up_adds_requests_and_contexts_stay_under_the_cap() -> None:
-    engine = SteppingEngine()
+@READINGS
+def test_going_up_adds_requests_and_contexts_stay_under_the_cap(fresh: bool) -> None:
+    engine = SteppingEngine(fresh=fresh)
     m = measurer(engine, in_flight=replace(IN_FLIGHT, max_context=128))
     m.measure((1, 2, 3, 4), (0, 1))
     sizes = [n for n, _, _ in engine.sent]
@@ -104,8 +111,9 @@ def test_going_up_adds_requests_and_contexts_stay_under_the_cap() -> None:
     assert all(max_tokens == 128 - 32 + 64 for _, _, max_tokens in engine.sent)
 
 
-def test_the_wall_time_is_split_by_phase_and_the_costly_events_counted() -> None:
-    engine = SteppingEngine()
+@READINGS
+def test_the_wall_time_is_split_by_phase_and_the_costly_events_counted(fresh: bool) -> None:
+    engine = SteppingEngine(fresh=fresh)
     put = engine.set_k_everywhere
 
     def slow_put(k: int, max_num_seqs: int) -> None:  # a round trip of 10 ms; steps go on
@@ -146,7 +154,8 @@ def test_starting_over_often_keeps_the_idle_wait_at_a_few_syncs() -> None:
     assert m.sync_interval_s == pytest.approx(0.05, abs=0.021)  # a sync, give or take a poll
 
 
-def test_a_request_that_ends_inside_a_window_has_the_window_taken_again() -> None:
+@READINGS
+def test_a_request_that_ends_inside_a_window_has_the_window_taken_again(fresh: bool) -> None:
     ended = {"done": False}
 
     def drop_one(engine: SteppingEngine) -> None:
@@ -155,14 +164,15 @@ def test_a_request_that_ends_inside_a_window_has_the_window_taken_again() -> Non
             engine.running.pop()
             ended["done"] = True
 
-    engine = SteppingEngine(on_step=drop_one)
+    engine = SteppingEngine(on_step=drop_one, fresh=fresh)
     result = measurer(engine).measure((8,), KS)
     assert ended["done"]
     assert len(result.refused) == 1 and "B=8" in result.refused[0]
     assert result.samples[(8, 2)] == pytest.approx([linear_ms(8, 2)] * 3, rel=1e-9)
 
 
-def test_a_lone_disturbance_is_re_measured_and_a_real_jump_is_flagged_noisy() -> None:
+@READINGS
+def test_a_lone_disturbance_is_re_measured_and_a_real_jump_is_flagged_noisy(fresh: bool) -> None:
     disturbed = {"steps": 0}
 
     def step_ms(b: int, k: int) -> float:
@@ -173,7 +183,7 @@ def test_a_lone_disturbance_is_re_measured_and_a_real_jump_is_flagged_noisy() ->
             return 5 * linear_ms(b, k)  # always: no graph for that token count, say
         return linear_ms(b, k)
 
-    engine = SteppingEngine(step_ms=step_ms)
+    engine = SteppingEngine(step_ms=step_ms, fresh=fresh)
     result = measurer(engine, timing=replace(TIMING, repeats=1)).measure(GRID, KS)
     assert set(result.remeasured) == {(3, 1), (20, 2)}
     assert result.noisy == {(20, 2)}
@@ -181,15 +191,17 @@ def test_a_lone_disturbance_is_re_measured_and_a_real_jump_is_flagged_noisy() ->
     assert len(result.samples[(20, 2)]) == 2  # every round kept
 
 
-def test_jittered_steps_give_medians_near_the_truth() -> None:
-    engine = SteppingEngine(jitter=0.2)
+@READINGS
+def test_jittered_steps_give_medians_near_the_truth(fresh: bool) -> None:
+    engine = SteppingEngine(jitter=0.2, fresh=fresh)
     result = measurer(engine).measure((4, 16), (0, 3))
     for (b, k), samples in result.samples.items():
         assert sorted(samples)[1] == pytest.approx(linear_ms(b, k), rel=0.06)
 
 
-def test_under_a_prefill_stream_windows_carry_prefill_and_cost_more() -> None:
-    engine = SteppingEngine(prefill_ms_per_token=0.02)
+@READINGS
+def test_under_a_prefill_stream_windows_carry_prefill_and_cost_more(fresh: bool) -> None:
+    engine = SteppingEngine(prefill_ms_per_token=0.02, fresh=fresh)
     stream = PrefillStream(requests_per_s=40, prompt_tokens=(100, 300))
     windows: list[WindowSample] = []
     in_flight = replace(IN_FLIGHT, prefill_stream=stream, window_steps=64)
@@ -202,15 +214,68 @@ def test_under_a_prefill_stream_windows_carry_prefill_and_cost_more() -> None:
     assert max(result.samples[(8, 1)]) > linear_ms(8, 1)
 
 
-def test_an_engine_that_does_not_step_is_a_clear_error() -> None:
-    engine = SteppingEngine()
+@READINGS
+def test_an_engine_that_does_not_step_is_a_clear_error(fresh: bool) -> None:
+    engine = SteppingEngine(fresh=fresh)
     engine.send = lambda prompts, *, max_tokens: None  # type: ignore[method-assign]
     with pytest.raises(MeasurementError, match="B=1: the requests sent did not settle into 1 "):
         measurer(engine).measure((2,), (0,))  # (the warm-up at B=1 is the first to wait)
 
 
-def test_a_failed_request_stops_the_run_with_its_error() -> None:
-    engine = SteppingEngine(fail_with="2 requests: HTTP 400: prompt too long")
+@READINGS
+def test_a_failed_request_stops_the_run_with_its_error(fresh: bool) -> None:
+    engine = SteppingEngine(fail_with="2 requests: HTTP 400: prompt too long", fresh=fresh)
     with pytest.raises(MeasurementError, match="a timed request failed: 2 requests: HTTP 400"):
         measurer(engine).measure((2,), (0,))
     assert engine.aborts >= 1  # whatever was running was stopped
+
+
+def test_fresh_readings_end_each_window_within_a_step_of_its_last() -> None:
+    """Through the route a window is read half a step before it should be full: it holds
+    window_steps steps (one more at most), and its fill costs its own steps, the switch's two
+    and about one step of waiting for the reading, not a sync interval."""
+    runs = {}
+    for fresh in (False, True):
+        engine = SteppingEngine(fresh=fresh)
+        windows: list[WindowSample] = []
+        m = measurer(engine, windows=windows)
+        m.measure(GRID, KS)
+        runs[fresh] = (m, windows, engine.reads)
+    m, windows, reads = runs[True]
+    assert all(IN_FLIGHT.window_steps <= w.steps <= IN_FLIGHT.window_steps + 1 for w in windows)
+    warm_up = len(KS)  # one unrecorded window per k at B=1
+    allowed = sum((w.steps + 4) * linear_ms(w.batch_size, w.k) / 1000 for w in windows)
+    allowed += warm_up * (IN_FLIGHT.window_steps + 5) * linear_ms(1, max(KS)) / 1000
+    assert m.phases_s["fill"] <= allowed
+    assert reads <= 5 * (len(windows) + warm_up) + 40 * m.fresh_starts
+    old, old_windows, old_reads = runs[False]
+    assert sum(w.steps for w in old_windows) > 1.5 * sum(w.steps for w in windows)
+    assert m.phases_s["fill"] < 0.6 * old.phases_s["fill"]
+    assert reads < old_reads
+
+
+def test_fresh_readings_see_the_engine_stop_within_a_few_steps() -> None:
+    engine = SteppingEngine(fresh=True)
+    m = measurer(engine, in_flight=replace(IN_FLIGHT, max_context=32 + 2 * 16))
+    m.measure((1, 2), (0, 1))
+    assert m.fresh_starts >= 5  # every few windows (8-step windows: contexts grow slower)
+    longest = max(linear_ms(b, k) for b in (1, 2) for k in (0, 1)) / 1000
+    # each stop: the step running, then idle_steps of the longest step with no change
+    per_stop = (1 + IN_FLIGHT.idle_steps) * longest + 2 * IN_FLIGHT.poll_s
+    assert m.phases_s["stop"] <= (m.fresh_starts + 1) * per_stop
+
+
+def test_the_first_window_plan_waits_for_the_switch_and_then_for_what_is_left() -> None:
+    settings = replace(IN_FLIGHT, window_steps=8, min_window_steps=4, window_max_s=0.25)
+    # before its first step: 8 steps and the switch's 2, less half a step, at the latest step
+    assert wait_for_window(CellTotals(), step_s=0.01, settings=settings) == pytest.approx(0.095)
+    # 5 of 8 steps of 20 ms: 2.5 steps more at its own mean
+    five = CellTotals(steps=5, seconds=0.1)
+    assert wait_for_window(five, step_s=0.01, settings=settings) == pytest.approx(0.05)
+    # slow steps: 4 steps reach window_max_s, so the window ends there
+    slow = CellTotals(steps=2, seconds=0.2)
+    assert wait_for_window(slow, step_s=0.01, settings=settings) == pytest.approx(0.15)
+    # nothing known yet, or only the last step left: never below poll_s
+    assert wait_for_window(CellTotals(), step_s=0.0, settings=settings) == settings.poll_s
+    tiny = CellTotals(steps=7, seconds=0.0007)
+    assert wait_for_window(tiny, step_s=0.01, settings=settings) == settings.poll_s

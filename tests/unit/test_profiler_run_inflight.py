@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tabletune.admin.protocol import StepCellsRead
 from tabletune.profiler.engine import EngineHttp
 from tabletune.profiler.errors import MeasurementError
 from tabletune.profiler.inflight import PHASES
@@ -39,6 +40,7 @@ SETTINGS = ProfilerSettings(
     connection=ConnectionSettings(request_timeout_s=5.0),
 )
 GRID = (1, 2, 3, 4, 12, 20, 28, 32)
+NO_ACCEPTANCE = replace(SETTINGS.acceptance, enabled=False)
 
 
 def profile_in_flight(
@@ -46,12 +48,26 @@ def profile_in_flight(
     settings: ProfilerSettings = SETTINGS,
     engine_log: Path | None = None,
     fail_with: str | None = None,
+    *,
+    route: bool = False,
+    route_reads: list[float] | None = None,
 ) -> ProfileRun:
+    """With ``route``, the fake's admin API serves the stepper's cells as of its last step
+    (its engine steps when each read comes, in ``route_reads``); else /metrics, synced."""
     fake = FakeEngine(
         FakeConfig(step_ms=linear_ms, prefill_ms=0.0, overhead_ms=0.0, max_num_seqs=MAX)
     )
     stepper = SteppingEngine(k_at=fake.k_at, fail_with=fail_with)
     fake.extra_metrics = lambda: metrics_text(stepper.step_reading())
+    if route:
+        assert fake.backend is not None
+
+        def cells() -> StepCellsRead:
+            now = stepper.live_reading()
+            (route_reads if route_reads is not None else []).append(now.engine_steps)
+            return StepCellsRead(dict(now.cells), now.steps_without_decode, 0.0, now.switch_steps)
+
+        fake.backend.step_cells = cells
     request = ProfileRequest(
         output=tmp_path / "inflight.json",
         model="/models/fake",
@@ -109,11 +125,29 @@ def test_in_flight_profile_writes_exact_times_shape_graphs_and_agreement(tmp_pat
     phases = {f"timing.{name}" for name in PHASES}
     assert phases <= set(meta.wall_time_s) == set(summary["wall_time_s"])
     assert summary["in_flight_events"]["windows"] == len(GRID) * 4 * 3
+    assert summary["in_flight_events"]["route_reads"] == 0  # this fake has no route: /metrics
     raw = RawRecord.model_validate_json(run.paths.raw.read_text())
     assert raw.timing_method == "in-flight" and len(raw.windows) == len(GRID) * 4 * 3
     assert len(raw.cross_check_samples) == 2 * 4 * 3 and raw.samples == []
     assert profile.acceptance is not None
     assert "bundled chat prompts" in profile.acceptance.prompt_source
+
+
+def test_through_the_step_cells_route_the_profile_is_as_exact(tmp_path: Path) -> None:
+    reads: list[float] = []
+    run = profile_in_flight(
+        tmp_path, replace(SETTINGS, acceptance=NO_ACCEPTANCE), route=True, route_reads=reads
+    )
+    profile = load_profile(run.paths.profile)
+    for cell in profile.cells:
+        assert cell.step_ms == pytest.approx(linear_ms(cell.batch_size, cell.k), rel=1e-9)
+    raw = RawRecord.model_validate_json(run.paths.raw.read_text())
+    windows = raw.windows
+    assert len(windows) == len(GRID) * 4 * 3
+    assert all(w.steps == SETTINGS.in_flight.window_steps for w in windows)  # ended on time
+    summary = json.loads(run.paths.summary.read_text())
+    events = summary["in_flight_events"]
+    assert len(reads) == events["reads"] == events["route_reads"]  # every one through the route
 
 
 def test_a_failed_timing_still_shows_where_its_time_went(tmp_path: Path) -> None:

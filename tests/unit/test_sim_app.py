@@ -14,8 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tabletune import metric_names as names
 from tabletune.admin.auth import OPEN_ENV, OPEN_LOOPBACK, AdminAuth
+from tabletune.admin.protocol import STEP_CELLS_PATH, StepCellsRead
 from tabletune.plugin.metrics_core import TableTuneMetrics
-from tabletune.plugin.wire import StepCellsRead
+from tabletune.profiler.step_reading import parse_step_reading
 from tabletune.schemas import Profile, load_profile
 from tabletune.sim.app import ReplicaSet, build_app
 from tabletune.sim.cli import admin_auth
@@ -292,6 +293,23 @@ def test_restart_resets_counters_created_and_table(profile: Profile) -> None:
     assert h.value("vllm:spec_decode_num_drafts_created") == pytest.approx(1_000_000 + 2.5)
     view = h.client.get("/tabletune/v1/table").json()
     assert view["table"] == [[1, 16, 3], [17, 32, 1], [33, 256, 0]] and view["version"] == 0
+
+
+def test_the_step_cells_route_answers_what_metrics_shows(profile: Profile) -> None:
+    h = Harness(profile, faults=[{"kind": "restart", "at_s": 20, "downtime_s": 5}])
+    for _ in range(3):
+        h.tick(0.5)
+        read = StepCellsRead.from_wire(h.client.get(STEP_CELLS_PATH).json())
+        exported = parse_step_reading(h.client.get("/metrics").text)
+        assert read.cells == exported.cells and read.cells
+        assert read.steps_without_decode == exported.steps_without_decode
+        assert read.switch_steps == exported.switch_steps
+        assert read.started_at == h.replica.created_wall
+    h.tick(0.7)  # t = 22 s: down, as every admin route
+    assert h.client.get(STEP_CELLS_PATH).status_code == 503
+    h.client.post("/sim/v1/faults", json={"admin_error_status": 502})
+    h.tick(0.5)  # back, but the admin API fails as injected
+    assert h.client.get(STEP_CELLS_PATH).status_code == 502
 
 
 def test_restart_through_the_control_endpoint(harness: Harness) -> None:

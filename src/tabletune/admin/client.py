@@ -17,8 +17,10 @@ from pydantic import BaseModel, ValidationError
 from tabletune import __version__
 from tabletune.admin.protocol import (
     SETTINGS_PATH,
+    STEP_CELLS_PATH,
     TABLE_PATH,
     SettingsPut,
+    StepCellsRead,
     TablePut,
     TableView,
     describe_problems,
@@ -83,6 +85,16 @@ class AdminClient:
         json: object = None,
         headers: dict[str, str] | None = None,
     ) -> TableView:
+        response = self._send(method, path, json=json, headers=headers)
+        try:
+            return TableView.model_validate(response.json())
+        except ValueError as error:
+            raise TemporaryError(f"{self.base_url}{path}: malformed answer: {error}") from None
+
+    def _send(
+        self, method: str, path: str, *, json: object, headers: dict[str, str] | None
+    ) -> httpx.Response:
+        """The answer of a request that was not refused (TemporaryError, AdminRefused)."""
         url = f"{self.base_url}{path}"
         try:
             response = self._http.request(
@@ -102,13 +114,21 @@ class AdminClient:
             except ValueError:
                 detail = response.text[:200]
             raise AdminRefused(response.status_code, detail)
-        try:
-            return TableView.model_validate(response.json())
-        except ValueError as error:
-            raise TemporaryError(f"{self.base_url}{path}: malformed answer: {error}") from None
+        return response
 
     def get_table(self) -> TableView:
         return self._call("GET", TABLE_PATH)
+
+    def get_step_cells(self) -> StepCellsRead:
+        """The engine's step cells as of its last finished step (``AdminRefused`` 404: a
+        server without the route, an older plugin)."""
+        response = self._send("GET", STEP_CELLS_PATH, json=None, headers=None)
+        try:
+            return StepCellsRead.from_wire(response.json())
+        except ValueError as error:
+            raise TemporaryError(
+                f"{self.base_url}{STEP_CELLS_PATH}: malformed answer: {error}"
+            ) from None
 
     def put_table(
         self,

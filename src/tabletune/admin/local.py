@@ -1,24 +1,33 @@
-"""An in-process backend: one ``TableState`` behind a lock (the emulator and tests use it)."""
+"""An in-process backend: one ``TableState`` behind a lock (tests and fakes use it), and the step
+cells of whatever counts them for it, if anything does."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from tabletune import __version__
-from tabletune.admin.protocol import SettingsPut, TablePut, TableView
-from tabletune.admin.state import TableState
+from tabletune.admin.protocol import SettingsPut, StepCellsRead, TablePut, TableView
+from tabletune.admin.state import AdminError, TableState
 
 
 class LocalBackend:
     """Holds a TableState; changes are whole swaps under a lock, so readers never see halves."""
 
     def __init__(
-        self, state: TableState, *, engine_version: str, model_name: str | None = None
+        self,
+        state: TableState,
+        *,
+        engine_version: str,
+        model_name: str | None = None,
+        step_cells: Callable[[], StepCellsRead] | None = None,
     ) -> None:
         self._state = state
         self._lock = threading.Lock()
         self.engine_version = engine_version
         self.model_name = model_name
+        self.step_cells = step_cells
+        """what counts the step cells (None: nothing, the route answers 404)"""
 
     @property
     def state(self) -> TableState:
@@ -33,6 +42,11 @@ class LocalBackend:
 
     async def get_view(self) -> TableView:
         return self._view()
+
+    async def get_step_cells(self) -> StepCellsRead:
+        if self.step_cells is None:
+            raise AdminError(404, "this server counts no step cells")
+        return self.step_cells()
 
     async def put_table(self, body: TablePut, if_match: int | None) -> TableView:
         with self._lock:

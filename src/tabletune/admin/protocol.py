@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tabletune.step_cells import (
+    CellKey,
+    CellTotals,
+    cells_from_wire,
+    cells_to_wire,
+    switches_from_wire,
+)
 
 API_PREFIX = "/tabletune/v1"
 TABLE_PATH = f"{API_PREFIX}/table"
 SETTINGS_PATH = f"{API_PREFIX}/settings"
+STEP_CELLS_PATH = f"{API_PREFIX}/step-cells"
 MAX_BODY_BYTES = 64 * 1024
 # Bounds of every integer a request may carry. The plugin hands the body to the engine process
 # as msgpack, which cannot encode integers beyond 64 bits; and no batch size or k comes near
@@ -98,6 +109,41 @@ class SettingsPut(BaseModel):
     nightjar_exploration: float | None = Field(
         default=None, ge=0, le=MAX_NIGHTJAR_EXPLORATION, allow_inf_nan=False
     )
+
+
+@dataclass(frozen=True)
+class StepCellsRead:
+    """The engine's step cells, totals since ``started_at``: what the engine side's
+    ``tabletune_get_step_cells`` utility answers and ``GET /tabletune/v1/step-cells`` returns
+    (``to_wire``: ``tabletune.step_cells.cells_to_wire`` plus ``started_at``)."""
+
+    cells: dict[CellKey, CellTotals]
+    steps_without_decode: float
+    started_at: float  # wall time the engine's counts start from
+    switch_steps: float = 0.0  # first steps at a new k, kept out of the cells
+    switch_seconds: float = 0.0
+
+    def to_wire(self) -> dict[str, Any]:
+        switches = (self.switch_steps, self.switch_seconds)
+        return {
+            "started_at": self.started_at,
+            **cells_to_wire(self.cells, self.steps_without_decode, switches=switches),
+        }
+
+    @classmethod
+    def from_wire(cls, data: object) -> StepCellsRead:
+        """Inverse of ``to_wire``; ValueError naming the first problem."""
+        cells, without = cells_from_wire(data)
+        switch_steps, switch_seconds = switches_from_wire(data)
+        started = data.get("started_at") if isinstance(data, dict) else None
+        if (
+            isinstance(started, bool)
+            or not isinstance(started, int | float)
+            or not math.isfinite(started)
+            or started < 0
+        ):
+            raise ValueError(f"started_at={started!r:.60}")
+        return cls(cells, without, float(started), switch_steps, switch_seconds)
 
 
 def describe_problems(error: ValidationError) -> str:

@@ -23,8 +23,10 @@ from tabletune.admin.protocol import (
     API_PREFIX,
     MAX_BODY_BYTES,
     SETTINGS_PATH,
+    STEP_CELLS_PATH,
     TABLE_PATH,
     SettingsPut,
+    StepCellsRead,
     TablePut,
     TableView,
     describe_problems,
@@ -33,9 +35,12 @@ from tabletune.admin.state import AdminError, parse_if_match
 
 
 class AdminBackend(Protocol):
-    """The engine side: reads and changes one engine's table state atomically."""
+    """The engine side: reads and changes one engine's table state atomically, and reads its
+    step cells as of its last finished step (``AdminError`` 404 where none are counted)."""
 
     async def get_view(self) -> TableView: ...
+
+    async def get_step_cells(self) -> StepCellsRead: ...
 
     async def put_table(self, body: TablePut, if_match: int | None) -> TableView: ...
 
@@ -117,22 +122,39 @@ def _caller(request: Request, *, write: bool) -> Caller:
 def _router(get_backend: BackendGetter, get_auth: AuthGetter) -> APIRouter:
     router = APIRouter()
 
-    async def guarded(
-        request: Request, *, write: bool, action: Callable[[AdminBackend], Awaitable[TableView]]
+    async def answered(
+        request: Request,
+        *,
+        write: bool,
+        respond: Callable[[AdminBackend], Awaitable[JSONResponse]],
     ) -> JSONResponse:
         try:
             authorize(get_auth(request), _caller(request, write=write))
             backend = get_backend(request)
             if backend is None:
                 return _error(503, "no engine attached")
-            view = await action(backend)
+            return await respond(backend)
         except AdminError as error:
             return _error(error.status, error.detail)
-        return _view_response(view)
+
+    async def guarded(
+        request: Request, *, write: bool, action: Callable[[AdminBackend], Awaitable[TableView]]
+    ) -> JSONResponse:
+        async def respond(backend: AdminBackend) -> JSONResponse:
+            return _view_response(await action(backend))
+
+        return await answered(request, write=write, respond=respond)
 
     @router.get(TABLE_PATH)
     async def get_table(request: Request) -> JSONResponse:
         return await guarded(request, write=False, action=lambda backend: backend.get_view())
+
+    @router.get(STEP_CELLS_PATH)
+    async def get_step_cells(request: Request) -> JSONResponse:
+        async def respond(backend: AdminBackend) -> JSONResponse:
+            return JSONResponse(content=(await backend.get_step_cells()).to_wire())
+
+        return await answered(request, write=False, respond=respond)
 
     @router.get(SETTINGS_PATH)
     async def get_settings(request: Request) -> JSONResponse:
@@ -182,7 +204,8 @@ class CrossOriginGuard:
 
 
 def install_admin_api(app: FastAPI, get_backend: BackendGetter, get_auth: AuthGetter) -> None:
-    """GET/PUT table and settings on ``app``, with ``CrossOriginGuard`` as its outermost layer.
+    """GET/PUT table and settings and GET step cells on ``app``, with ``CrossOriginGuard`` as
+    its outermost layer.
 
     Middleware added later (vLLM adds CORS after attaching endpoint plugins) would wrap an
     ordinary middleware, so the guard wraps the stack the app builds at its first request."""

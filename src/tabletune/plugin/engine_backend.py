@@ -11,14 +11,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.admin.protocol import SettingsPut, StepCellsRead, TablePut, TableView
 from tabletune.admin.state import AdminError
 from tabletune.plugin.wire import (
     GET_STEP_CELLS,
     GET_TABLE,
     PUT_SETTINGS,
     PUT_TABLE,
-    StepCellsRead,
     step_cells_from_answer,
     view_from_envelope,
 )

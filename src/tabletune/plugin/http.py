@@ -52,7 +52,8 @@ def vllm_api_keys(args: Namespace, env: Mapping[str, str]) -> list[str]:
 
 
 class TableTuneEndpoint:
-    """GET/PUT ``/tabletune/v1/table`` and ``/tabletune/v1/settings`` on vLLM's API server."""
+    """GET/PUT ``/tabletune/v1/table`` and ``/tabletune/v1/settings``, GET
+    ``/tabletune/v1/step-cells`` on vLLM's API server."""
 
     name = "tabletune_http"
     required_tasks: tuple[str, ...] | None = None  # no engine (render server) -> 503

@@ -17,9 +17,8 @@ from typing import ClassVar, Protocol
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from tabletune import metric_names as names
-from tabletune.admin.protocol import TableView
+from tabletune.admin.protocol import StepCellsRead, TableView
 from tabletune.plugin.step_metrics import EngineSteps, StepCellCollector
-from tabletune.plugin.wire import StepCellsRead
 
 ENGINE_LABELS = [names.LABEL_MODEL, names.LABEL_ENGINE]
 

@@ -8,15 +8,12 @@ so a 409/422 decided in the engine reaches the client with its status and reason
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from tabletune.admin.protocol import TableView
+from tabletune.admin.protocol import StepCellsRead, TableView
 from tabletune.admin.state import AdminError
-from tabletune.step_cells import CellKey, CellTotals, cells_from_wire, switches_from_wire
 
 # EngineCore methods added by the engine side (tabletune.plugin.engine).
 GET_TABLE = "tabletune_get_table"
@@ -46,30 +43,9 @@ def view_from_envelope(envelope: object) -> TableView:
         raise AdminError(502, f"malformed view from the engine: {error}") from None
 
 
-@dataclass(frozen=True)
-class StepCellsRead:
-    """The engine's step cells as ``tabletune_get_step_cells`` answered them (totals)."""
-
-    cells: dict[CellKey, CellTotals]
-    steps_without_decode: float
-    started_at: float  # wall time the engine's counts start from
-    switch_steps: float = 0.0  # first steps at a new k, kept out of the cells
-    switch_seconds: float = 0.0
-
-
 def step_cells_from_answer(answer: object) -> StepCellsRead:
     """The step cells in an engine answer (``StepTimer.to_wire``); 502 when malformed."""
     try:
-        cells, without = cells_from_wire(answer)
-        switch_steps, switch_seconds = switches_from_wire(answer)
+        return StepCellsRead.from_wire(answer)
     except ValueError as error:
         raise AdminError(502, f"malformed step cells from the engine: {error}") from None
-    started = answer.get("started_at") if isinstance(answer, dict) else None
-    if (
-        isinstance(started, bool)
-        or not isinstance(started, int | float)
-        or not math.isfinite(started)
-        or started < 0
-    ):
-        raise AdminError(502, f"malformed step cells from the engine: started_at={started!r:.60}")
-    return StepCellsRead(cells, without, float(started), switch_steps, switch_seconds)

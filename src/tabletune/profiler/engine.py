@@ -1,5 +1,6 @@
-"""HTTP to one vLLM server: timed completions, spec-decode counters, k via the plugin's admin
-API, and the sampler switch via the profiler hook. Retries live here, at the I/O edge, only for
+"""HTTP to one vLLM server: timed completions, spec-decode counters, k and step cells via the
+plugin's admin API (step cells from /metrics on an older plugin), and the sampler switch via the
+profiler hook. Retries live here, at the I/O edge, only for
 ``TemporaryError`` (connection problems, 5xx), on a schedule that is data."""
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class EngineHttp:
             transport=transport,
         )
         self._model: str | None = None
+        self._cells_route: bool | None = None  # None: not tried yet
 
     def close(self) -> None:
         self._http.close()
@@ -174,8 +176,33 @@ class EngineHttp:
         return self._metrics(parse_spec_counters)
 
     def step_reading(self) -> StepReading:
-        """The plugin's step cells as last synced from the engine."""
+        """The engine's step cells: through the admin API's step-cells route, as of the engine's
+        last finished step; on a server without it (404: an older plugin), from /metrics from
+        then on, as of the plugin's last sync."""
+        if self._cells_route is not False:
+            try:
+                read = self._retrying("GET step cells", self._admin.get_step_cells)
+            except AdminRefused as error:
+                if error.status != 404:
+                    raise
+                log.info(
+                    "no step-cells route on %s (%s): reading step cells from /metrics, as of "
+                    "the plugin's last sync",
+                    self.base_url,
+                    error.detail,
+                )
+                self._cells_route = False
+            else:
+                if self._cells_route is None:
+                    log.info("reading step cells through %s's step-cells route", self.base_url)
+                self._cells_route = True
+                return StepReading(read.cells, read.steps_without_decode, read.switch_steps)
         return self._metrics(parse_step_reading)
+
+    @property
+    def readings_fresh(self) -> bool:
+        """Whether step readings come through the route (as of the engine's last step)."""
+        return self._cells_route is True
 
     def accepts_text(self) -> bool:
         """Whether the server tokenizes text prompts: one 1-token request, not retried (a server

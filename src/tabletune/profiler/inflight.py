@@ -11,6 +11,12 @@ window holds one; a window that is not exactly B requests decoding at k (a reque
 prefill rode along) is taken again with fresh requests. A cell costs tens of steps, not a
 prefill of B prompts per sample. Suspicious cells are re-measured and flagged as with the
 request method.
+
+Readings come through the admin API's step-cells route where the server has it: the engine's
+totals as of its last finished step, so waits are planned from step times (a window is read
+half a step before it should be full; the engine has stopped once no step came for a few step
+times). Through /metrics (an older plugin) they are as of the plugin's last sync: /metrics is
+polled and waits are counted in sync intervals.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from tabletune.profiler.inflight_plan import (
     k_orders,
     next_action,
     output_tokens,
+    wait_for_window,
 )
 from tabletune.profiler.measure import TimingResult, remeasure
 from tabletune.profiler.progress import Reporter
@@ -52,9 +59,10 @@ PHASES = ("stop", "settle", "k_switch", "fill")
 """where the in-flight measurer's wall time goes: stopping every request and waiting for the
 engine to go idle (fresh starts), sending requests and waiting until they decode (fresh starts
 and going up in B), setting k, and waiting for a window's steps (its own steps, the steps at the
-old k before the switch lands, and the wait for the sync that shows them)"""
+old k before the switch lands, and the wait for the reading that shows them)"""
 READING = "read"
-"""wall time inside the /metrics reads (part of the phases above: is the server slow to answer?)"""
+"""wall time inside the step-cell reads (part of the phases above: is the server slow to
+answer?)"""
 
 
 class StepCellEngine(Protocol):
@@ -63,6 +71,11 @@ class StepCellEngine(Protocol):
     def set_k_everywhere(self, k: int, max_num_seqs: int) -> object: ...
 
     def step_reading(self) -> StepReading: ...
+
+    @property
+    def readings_fresh(self) -> bool:
+        """Whether the last reading was the engine's own (as of its last finished step), not
+        the plugin's last sync."""
 
 
 class InFlightMeasurer:
@@ -98,6 +111,9 @@ class InFlightMeasurer:
         self._read_last = StepReading()
         self._changed_at = clock()
         self._sync_gaps: deque[float] = deque([in_flight.sync_interval_s], maxlen=8)
+        self._step_times: deque[float] = deque(maxlen=8)
+        self._step_at_k: dict[int, float] = {}  # the latest window's mean step time at each k
+        self._fresh = False
         self._idle_since_change = False
         self._windows: dict[CellKey, list[WindowSample]] = {}
         self.refused: list[str] = []
@@ -119,21 +135,50 @@ class InFlightMeasurer:
     # -- readings and k ----------------------------------------------------------------------
     def _read(self) -> StepReading:
         """The latest reading; notes when it changed, which tells how often the plugin syncs
-        (a reading changes on every sync while the engine steps)."""
+        (a reading through /metrics changes on every sync while the engine steps), and the mean
+        step time of the steps since the reading before."""
         errors = self._traffic.failures()
         if errors:
             raise MeasurementError(f"a timed request failed: {errors[0]}")
         started = self._clock()
         reading = self._engine.step_reading()
         self.phases_s[READING] += self._clock() - started
+        self._fresh = self._engine.readings_fresh
         self.events["reads"] += 1
+        self.events["route_reads"] += self._fresh  # the rest came from /metrics
         if reading != self._read_last:
             now = self._clock()
             if not self._idle_since_change:  # a gap across an idle engine is no sync interval
                 self._sync_gaps.append(now - self._changed_at)
+            if self.events["reads"] > 1:  # the first one holds every step since the start
+                self._note_step_time(reading.since(self._read_last))
             self._changed_at, self._read_last = now, reading
             self._idle_since_change = False
         return reading
+
+    def _note_step_time(self, steps: StepReading) -> None:
+        timed = sum(t.steps for t in steps.cells.values())
+        if timed > 0:
+            self._step_times.append(sum(t.seconds for t in steps.cells.values()) / timed)
+
+    @property
+    def _step_s(self) -> float:
+        """The latest mean step time seen (0: none yet)."""
+        return self._step_times[-1] if self._step_times else 0.0
+
+    def _poll_s(self) -> float:
+        """The wait between two readings while waiting for steps: a step (a fresh reading is
+        answered after the step running anyway), or the /metrics polling interval."""
+        if self._fresh:
+            return max(self._in.poll_s, self._step_s)
+        return self._in.metrics_poll_s
+
+    def _quiet_s(self) -> float:
+        """How long no step may be counted before the engine counts as stopped: a few of the
+        longest recent steps (fresh readings), or 2.5 sync intervals (/metrics)."""
+        if self._fresh:
+            return max(self._in.poll_s, self._in.idle_steps * max(self._step_times, default=0.0))
+        return 2.5 * self.sync_interval_s
 
     @property
     def sync_interval_s(self) -> float:
@@ -142,16 +187,18 @@ class InFlightMeasurer:
         return max(self._sync_gaps)
 
     def _wait_idle(self) -> None:
-        """Wait until the engine stopped stepping: no change for 2.5 sync intervals (the longest
-        gap between changes seen lately). Requests just stopped may run on until the engine
-        sees their client gone; alone they could look like the batch wanted."""
+        """Wait until the engine stopped stepping: no change for ``_quiet_s`` (through /metrics:
+        2.5 sync intervals, the longest gap between changes seen lately). Requests just stopped
+        may run on until the engine sees their client gone; alone they could look like the
+        batch wanted."""
         deadline = self._clock() + self._in.window_timeout_s
         while self._clock() < deadline:
             self._read()
-            if self._clock() - self._changed_at >= 2.5 * self.sync_interval_s:
+            quiet = self._quiet_s()
+            if self._clock() - self._changed_at >= quiet:
                 self._idle_since_change = True
                 return
-            self._sleep(self._in.poll_s)
+            self._sleep(max(self._in.poll_s, quiet / 3) if self._fresh else self._in.metrics_poll_s)
         raise MeasurementError(
             f"the engine kept stepping {self._in.window_timeout_s:.0f}s after every request was "
             "stopped: is other traffic running?"
@@ -203,18 +250,19 @@ class InFlightMeasurer:
         self._wait_idle()
 
     def _settle(self, batch: int) -> None:
-        """Wait for a window (between two syncs) of steps that are ``batch`` requests decoding
-        at the current k: every request sent is in and past its prefill. (Going up, the ones
-        kept are fewer than ``batch``; starting over, the stopped ones are gone.)"""
+        """Wait for a window (between two readings that differ) of steps that are ``batch``
+        requests decoding at the current k: every request sent is in and past its prefill.
+        (Going up, the ones kept are fewer than ``batch``; starting over, the stopped ones are
+        gone.)"""
         assert self._k is not None
         deadline = self._clock() + self._in.window_timeout_s
         previous = self._read()
         problem = "no step yet"
         while self._clock() < deadline:
-            self._sleep(self._in.poll_s)
+            self._sleep(self._poll_s())
             reading = self._read()
             if reading == previous:
-                continue  # no sync since
+                continue  # no step (or no sync) since
             found = window_problem(reading.since(previous), batch, self._k, stream=self._stream)
             previous = reading
             if found is None:
@@ -238,11 +286,14 @@ class InFlightMeasurer:
 
     def _fill_window(self, batch: int, k: int, before: StepReading) -> StepReading:
         deadline = self._clock() + self._in.window_timeout_s
+        totals = CellTotals()
         while self._clock() < deadline:
-            self._sleep(self._in.poll_s)
+            self._sleep(self._next_read_in(k, totals))
             reading = self._read()
             window = reading.since(before)
-            if self._full(window_totals(window, batch, k, stream=self._stream)):
+            totals = window_totals(window, batch, k, stream=self._stream)
+            if self._full(totals):
+                self._step_at_k[k] = totals.mean_s
                 return reading
             if window_broken(window, batch, k, stream=self._stream):
                 return reading  # no use waiting: the caller sees the problem
@@ -250,6 +301,16 @@ class InFlightMeasurer:
             f"B={batch} k={k}: fewer than {self._in.min_window_steps} steps within "
             f"{self._in.window_timeout_s:.0f}s: is the engine running the requests?"
         )
+
+    def _next_read_in(self, k: int, totals: CellTotals) -> float:
+        """Fresh readings: planned from step times to land in the window's last step (before
+        its first step, from the latest window at k: steps at another k may be far off);
+        through /metrics: the polling interval (the window ends on the first sync that fills
+        it)."""
+        if self._fresh:
+            step_s = self._step_at_k.get(k, self._step_s)
+            return wait_for_window(totals, step_s=step_s, settings=self._in)
+        return self._in.metrics_poll_s
 
     def window(self, batch: int, k: int, round_: int) -> float:
         """One sample of (B, k): a window of steps that is exactly B decoding at k."""

@@ -9,14 +9,20 @@ short, as a pure-decode prior needs, and a group is never cut short in the middl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from tabletune.errors import InputError
+from tabletune.profiler.settings import InFlightSettings
+from tabletune.step_cells import CellTotals
 
 OUTPUT_MARGIN = 64
 """output tokens beyond max_context: a request outlives the step its context passes the cap"""
+SWITCH_TAIL_STEPS = 2
+"""steps between setting k and the first one counted at it: one more at the old k (its drafts
+were proposed before the switch landed) and the first at the new k (a switch step, apart)"""
 
 
 def k_orders(ks: Sequence[int], repeats: int) -> list[tuple[int, ...]]:
@@ -90,3 +96,23 @@ def next_action(
 def output_tokens(prompt_tokens: int, max_context: int) -> int:
     """max_tokens of a timed request: to max_context and a margin beyond."""
     return max(1, max_context - prompt_tokens) + OUTPUT_MARGIN
+
+
+def wait_for_window(totals: CellTotals, *, step_s: float, settings: InFlightSettings) -> float:
+    """With fresh readings (each answered right after the engine's step running when it
+    arrives): how long to wait before reading a window that holds ``totals`` so far, to arrive
+    in its last step: half a step before it should be full (``window_steps``, or
+    ``min_window_steps`` once ``window_max_s`` is reached). Its own mean step time once it has
+    steps, else ``step_s`` (the latest seen) with the switch's steps first. At least ``poll_s``."""
+    if totals.steps > 0:
+        step_s = totals.mean_s
+    if not step_s > 0:
+        return settings.poll_s
+    by_time = math.ceil((settings.window_max_s - totals.seconds) / step_s)
+    left = min(
+        settings.window_steps - totals.steps,
+        max(settings.min_window_steps - totals.steps, by_time),
+    )
+    if totals.steps <= 0:
+        left += SWITCH_TAIL_STEPS
+    return max(settings.poll_s, (left - 0.5) * step_s)

@@ -57,18 +57,25 @@ class InFlightSettings:
     """The in-flight method: how long a window is, how requests are kept, what rides along."""
 
     window_steps: int = 8
-    """a window (one sample) ends once this many steps at (B, k) are counted (on the first sync
-    that shows them: at small B a sync interval holds ~10 steps, so a window holds ~8-20)..."""
+    """a window (one sample) ends once this many steps at (B, k) are counted (read through the
+    admin API's step-cells route: within a step of the last one; through /metrics, on the first
+    sync that shows them: at small B a sync interval holds ~10 steps, so a window holds ~8-20)..."""
     window_max_s: float = 0.25
     """...or once its steps took this long, if it has ``min_window_steps`` (slow cells)"""
     min_window_steps: int = 4
     max_context: int = 256
     """requests are replaced by fresh ones before the oldest one's context passes this"""
-    poll_s: float = 0.02
-    """how often /metrics is read while waiting for a window to fill"""
+    poll_s: float = 0.002
+    """the shortest wait between two readings of the step-cells route (each one small call into
+    the engine, answered after the step it is running; waits are planned from step times)"""
+    idle_steps: float = 3.0
+    """with the route, the engine has stopped once no step was counted for this many of the
+    longest recent steps (steps run back to back while requests remain)"""
+    metrics_poll_s: float = 0.02
+    """on a server without the route (an older plugin): how often /metrics is read"""
     sync_interval_s: float = 0.05
-    """TABLETUNE_SYNC_INTERVAL_S of a launched server: how fresh the exported step cells are
-    (each sync is one small call into the engine; windows end on syncs)"""
+    """TABLETUNE_SYNC_INTERVAL_S of a launched server: how fresh the step cells exported on
+    /metrics are (each sync is one small call into the engine; there, windows end on syncs)"""
     window_timeout_s: float = 60.0
     """no window at (B, k) for this long: the engine is not running the requests; stop"""
     attempts: int = 4

@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from tabletune import metric_names as names
+from tabletune.admin.protocol import StepCellsRead
 from tabletune.plugin.controller import EngineTableController
 from tabletune.plugin.step_metrics import EngineSteps, step_cell_families
 from tabletune.sim.engine import EngineSim
@@ -43,6 +44,8 @@ class MetricsSource(Protocol):
 
     @property
     def label_values(self) -> tuple[str, str]: ...
+
+    def step_cells(self) -> StepCellsRead: ...
 
 
 class SimCollector(Collector):
@@ -108,15 +111,16 @@ class SimCollector(Collector):
             "Draft tokens per draft position.",
             c.draft_tokens_per_pos,
         )
+        cells = source.step_cells()
         yield from step_cell_families(
             [
                 EngineSteps(
                     source.label_values,
-                    c.step_cells(),
-                    c.steps_without_decode,
-                    created,
-                    switch_steps=c.switch_steps,
-                    switch_seconds=c.switch_seconds,
+                    cells.cells,
+                    cells.steps_without_decode,
+                    cells.started_at,
+                    switch_steps=cells.switch_steps,
+                    switch_seconds=cells.switch_seconds,
                 )
             ]
         )

@@ -20,11 +20,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.admin.protocol import SettingsPut, StepCellsRead, TablePut, TableView
 from tabletune.admin.state import AdminError
 from tabletune.plugin.controller import EngineTableController
 from tabletune.plugin.engine_backend import EngineUtilityBackend
-from tabletune.plugin.wire import GET_TABLE, PUT_SETTINGS, PUT_TABLE
+from tabletune.plugin.wire import GET_STEP_CELLS, GET_TABLE, PUT_SETTINGS, PUT_TABLE
 from tabletune.schemas import Profile
 from tabletune.sim.build import build_engine, start_engine_side
 from tabletune.sim.engine import EngineSim
@@ -122,7 +122,20 @@ class Replica:
             return self.controller.put_table(*args)
         if name == PUT_SETTINGS:
             return self.controller.put_settings(*args)
+        if name == GET_STEP_CELLS:
+            return self.step_cells().to_wire()
         raise RuntimeError(f"no utility method {name!r}")
+
+    def step_cells(self) -> StepCellsRead:
+        """The engine's step cells as the plugin's engine side counts them (up to now)."""
+        c = self.engine.counters
+        return StepCellsRead(
+            c.step_cells(),
+            float(c.steps_without_decode),
+            self.created_wall,
+            float(c.switch_steps),
+            c.switch_seconds,
+        )
 
     # -- /metrics ----------------------------------------------------------------------------
 
@@ -271,6 +284,10 @@ class SimAdminBackend:
     async def get_view(self) -> TableView:
         await self._gate()
         return await self._replica.plugin_backend.get_view()
+
+    async def get_step_cells(self) -> StepCellsRead:
+        await self._gate()
+        return await self._replica.plugin_backend.get_step_cells()
 
     async def put_table(self, body: TablePut, if_match: int | None) -> TableView:
         await self._gate()
