@@ -13,7 +13,13 @@ import yaml
 from tabletune.errors import InputError
 from tabletune.sim.build import resolve_profile, usable_step_times
 from tabletune.sim.processes import build_acceptance, build_load
-from tabletune.sim.scenario import SweepLoad, SwitchTraffic, load_scenario, packaged_names
+from tabletune.sim.scenario import (
+    ConstantTraffic,
+    SweepLoad,
+    SwitchTraffic,
+    load_scenario,
+    packaged_names,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGED_DIR = REPO / "src" / "tabletune" / "sim" / "scenarios"
@@ -293,3 +299,28 @@ def test_packaged_serving_scenarios() -> None:
     assert change.serving is not None and isinstance(change.serving.traffic, SwitchTraffic)
     shapes = (change.serving.traffic.before.name, change.serving.traffic.after.name)
     assert shapes == ("decode-heavy", "prefill-heavy")
+
+
+def test_long_context_charges_attention_alike_at_every_k_and_its_prefill_keeps_up() -> None:
+    from tabletune.sim.build import build_engine
+
+    scenario, base = load_scenario("serving-long-context")
+    spec = scenario.serving
+    assert spec is not None and isinstance(spec.traffic, ConstantTraffic)
+    traffic = spec.traffic.shape.shape()
+    assert (traffic.prompt.mean, traffic.output.mean) == pytest.approx((3000.0, 200.0))
+    assert spec.max_num_batched_tokens == 8192  # vLLM 0.26's API server on an H200
+    model = spec.model()
+    # Prompts of 3,000 tokens for outputs of 200: the closed loop holds up to max_num_seqs only.
+    assert model.worst_prefill_share(scenario.engine.max_num_seqs, 3, traffic) < 1.0
+    profile = resolve_profile(scenario, base, None)
+    free = spec.model_copy(update={"attention_us_per_context_token": 0.0})
+    engines = [
+        build_engine(scenario.model_copy(update={"serving": s}), profile, base_dir=base)
+        for s in (spec, free)
+    ]
+    attention = model.attention_seconds(96.0, traffic)
+    assert attention > 0.005
+    for k in range(4):
+        charged, plain = (e.true_step_s(96, k) for e in engines)
+        assert charged - plain == pytest.approx(attention, rel=1e-9)

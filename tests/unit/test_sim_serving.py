@@ -66,6 +66,29 @@ def test_mean_context_and_context_factor() -> None:
     assert mixed.mean_context == pytest.approx(10 + 7 / 6)
 
 
+def test_attention_reads_each_context_once_a_step_at_every_k_and_outside_the_graphs() -> None:
+    # Decode attention reads each request's KV cache once a step for all its 1 + k positions
+    # (bandwidth-bound): B=100 requests with 3,000 tokens of context at 0.04 us a token cost
+    # 12 ms a step, whatever k, and a graph miss (launch overhead) does not scale it.
+    fixed = shape(Lengths.constant(2900), Lengths.constant(200))
+    assert fixed.mean_context == pytest.approx(3000.0)
+    model = ServingModel(attention_s_per_context_token=0.04e-6)
+    assert model.attention_seconds(100.0, fixed) == pytest.approx(0.012)
+    assert ServingModel().attention_seconds(100.0, fixed) == 0.0
+    above = miss_above(model, 128 * 3)
+    assert model.step_seconds(0.010, 100, above, 0.012) == pytest.approx(0.010 + 100 * 8e-6 + 0.012)
+    missed = (0.010 + 200 * 8e-6) * 1.8 + 0.012
+    assert model.step_seconds(0.010, 200, above, 0.012) == pytest.approx(missed)
+    lam = 0.5
+    plain, charged = (
+        model.expected_step_seconds(
+            np.array([0.010]), np.array([lam]), np.array([above]), fixed, np.array([a])
+        )[0]
+        for a in (0.0, 0.012)
+    )
+    assert charged - plain == pytest.approx(0.012, rel=1e-12)
+
+
 def test_closed_loop_arrivals_per_step() -> None:
     # 128 requests produce 128 * tau(2) = 294.4 tokens per step; outputs of 400 tokens.
     fixed = shape(Lengths.constant(200), Lengths.constant(400))

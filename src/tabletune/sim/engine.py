@@ -458,7 +458,7 @@ class EngineSim:
                 guess, constants.arrival_cdfs[k], shape, constants.room[k]
             )
             durations = self.serving.step_seconds(
-                constants.base_s[k], served, constants.miss_above[k]
+                constants.base_s[k], served, constants.miss_above[k], constants.attention_s[k]
             )
             tokens = tokens + served
         if self.step_noise > 0:
@@ -493,7 +493,7 @@ class EngineSim:
             assert self.serving is not None
             step_seconds = self.serving.step_seconds
             constants = self.model.batch(batch, rates, shape)
-            base, miss = constants.base_s, constants.miss_above
+            base, miss, attention = constants.base_s, constants.miss_above, constants.attention_s
             room, cdfs = constants.room, constants.arrival_cdf_lists
             cursor = self._prefill.cursor(shape)
         while True:
@@ -504,7 +504,7 @@ class EngineSim:
             else:
                 served = cursor.next(cdfs[k], room[k])
                 prefill.append(served)
-                duration = step_seconds(base[k], served, miss[k])
+                duration = step_seconds(base[k], served, miss[k], attention[k])
             if noisy:
                 duration *= float(self._noise.peek(1)[0])
                 self._noise.use(1)

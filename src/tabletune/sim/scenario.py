@@ -326,6 +326,9 @@ class ServingSpec(_Model):
     context_cost: float = Field(default=0.0, ge=0, le=10, description="per context_ref_tokens")
     context_ref_tokens: float = Field(default=1024.0, gt=0)
     max_num_batched_tokens: int = Field(default=8192, ge=1)
+    attention_us_per_context_token: float = Field(
+        default=0.0, ge=0, le=1, description="per decoding request, a step, at every k"
+    )
 
     @model_validator(mode="after")
     def _limit_fits_budget(self) -> ServingSpec:
@@ -345,6 +348,7 @@ class ServingSpec(_Model):
             context_cost=self.context_cost,
             context_ref_tokens=self.context_ref_tokens,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            attention_s_per_context_token=self.attention_us_per_context_token * 1e-6,
         )
 
 

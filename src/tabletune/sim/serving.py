@@ -8,7 +8,9 @@ Per step with B decoding requests verifying k drafts and ``p`` prefill tokens ri
     decode tokens    D = B * (1 + k)
     scheduled tokens D + p                                  (p <= max_num_batched_tokens - D)
     base             T_profile(B, k) * (1 + context_cost * mean_context / context_ref_tokens)
+    attention        attention_s_per_context_token * B * mean_context      (the same at every k)
     step time        (base + prefill_s_per_token * p) * (graph_miss_factor if D + p > limit else 1)
+                     + attention
 
 Traffic is closed-loop: requests finish at the rate they produce tokens, B * tau(k) / E[output]
 per step, and each is replaced by a new one whose prompt is prefilled in the next steps. The
@@ -191,9 +193,17 @@ class ServingModel:
     context_cost: float = 0.0
     context_ref_tokens: float = 1024.0
     max_num_batched_tokens: int = 8192
+    attention_s_per_context_token: float = 0.0
 
     def context_factor(self, shape: TrafficShape) -> float:
         return 1.0 + self.context_cost * shape.mean_context / self.context_ref_tokens
+
+    def attention_seconds(self, batch_size: Number, shape: TrafficShape) -> Number:
+        """Decode attention over long contexts: each request's KV cache is read once a step for
+        all its 1 + k positions (bound by memory bandwidth), so the cost is the same at every k
+        and a graph miss (launch overhead) does not scale it."""
+        seconds: Number = self.attention_s_per_context_token * shape.mean_context * batch_size
+        return seconds
 
     def miss_above(self, decode_tokens: np.ndarray) -> np.ndarray:
         """Prefill tokens above which a step with ``decode_tokens`` leaves the CUDA graphs.
@@ -209,10 +219,12 @@ class ServingModel:
         """Prefill tokens that fit next to the decode tokens (chunked prefill)."""
         return self.max_num_batched_tokens - decode_tokens
 
-    def step_seconds(self, base_s: float, prefill: Number, miss_above: float) -> Number:
+    def step_seconds(
+        self, base_s: float, prefill: Number, miss_above: float, attention_s: float = 0.0
+    ) -> Number:
         """The step time; works on floats and on arrays alike (one formula for both paths)."""
         extra = (self.graph_miss_factor - 1.0) * (prefill > miss_above)
-        return (base_s + self.prefill_s_per_token * prefill) * (1.0 + extra)
+        return (base_s + self.prefill_s_per_token * prefill) * (1.0 + extra) + attention_s
 
     def expected_step_seconds(
         self,
@@ -220,6 +232,7 @@ class ServingModel:
         arrivals_per_step: np.ndarray,
         miss_above: np.ndarray,
         shape: TrafficShape,
+        attention_s: np.ndarray | float = 0.0,
     ) -> np.ndarray:
         """E[step time] over the per-step prefill, elementwise (e.g. over B for one k)."""
         base_s = np.asarray(base_s, dtype=float)
@@ -239,7 +252,8 @@ class ServingModel:
             under_mass[some] = np.einsum("ni,ni->i", weights, mass[:, columns])
         extra = self.graph_miss_factor - 1.0
         missed = base_s * (1.0 - under) + self.prefill_s_per_token * (mean_prefill - under_mass)
-        result: np.ndarray = base_s + self.prefill_s_per_token * mean_prefill + extra * missed
+        plain = base_s + self.prefill_s_per_token * mean_prefill + extra * missed
+        result: np.ndarray = plain + attention_s
         return result
 
     def worst_prefill_share(self, max_batch: int, big_k: int, shape: TrafficShape) -> float:

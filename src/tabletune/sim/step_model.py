@@ -24,6 +24,7 @@ class ServingInputs:
     """The serving model's per-step constants for (k, B) pairs (arrays broadcast together)."""
 
     base_s: np.ndarray  # T_profile(B, k) x context factor
+    attention_s: np.ndarray  # decode attention over the mean context (the same at every k)
     arrivals: np.ndarray  # mean arrivals per step (closed loop)
     miss_above: np.ndarray  # prefill tokens above which the step leaves the CUDA graphs
     room: np.ndarray  # prefill tokens that fit beside the decode tokens
@@ -35,6 +36,7 @@ class BatchConstants:
     step, and each k's arrival CDF (as an array for vectors, as a list for single steps)."""
 
     base_s: list[float]
+    attention_s: list[float]
     miss_above: list[float]
     room: list[int]
     arrival_cdfs: list[np.ndarray]
@@ -91,6 +93,7 @@ class StepModel:
         decode = batch * (1 + k)
         return ServingInputs(
             base_s=self.profile_rows[k, batch] * model.context_factor(shape),
+            attention_s=model.attention_seconds(batch.astype(float), shape),
             arrivals=shape.arrivals_per_step(batch.astype(float), taus[k]),
             miss_above=model.miss_above(decode),
             room=model.prefill_budget(decode),
@@ -107,6 +110,7 @@ class StepModel:
             cdfs = [poisson_cdf(mean) for mean in inputs.arrivals.tolist()]
             found = self._batches[key] = BatchConstants(
                 base_s=inputs.base_s.tolist(),
+                attention_s=inputs.attention_s.tolist(),
                 miss_above=inputs.miss_above.tolist(),
                 room=inputs.room.tolist(),
                 arrival_cdfs=cdfs,
@@ -129,7 +133,7 @@ class StepModel:
             for k in range(self.num_speculative_tokens + 1):
                 inputs = self.inputs(np.array(k), batch, rates, shape)
                 found[k, 1:] = self.serving.expected_step_seconds(
-                    inputs.base_s, inputs.arrivals, inputs.miss_above, shape
+                    inputs.base_s, inputs.arrivals, inputs.miss_above, shape, inputs.attention_s
                 )
             found[:, 0] = found[:, 1]
             found.setflags(write=False)
