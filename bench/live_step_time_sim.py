@@ -12,6 +12,9 @@
    chat-like: the same on the ``serving-chat-like`` scenario (prompts ~600 tokens at every
    load, the fast profiler's H200 profile, whose cells say which ran off the full CUDA graph).
    Goal: ours <= 3 % at every load.
+   long-context: the same on the ``serving-long-context`` scenario (prompts 2,000-4,000 tokens,
+   outputs 100-300, the same profile; loads up to its max_num_seqs 120, where the prompts still
+   fit vLLM's 8,192-token budget). Goals: ours <= 3 % at every load; Nightjar-style >= 3x ours.
 2. shape change: the ``shape-change`` scenario at a constant load where the truth-optimal
    tables before and after differ most; share of the gap (table in force at the change ->
    truth-optimal table after) recovered 90 s after the change. Goal >= 95 %.
@@ -56,6 +59,9 @@ SHAPE_CHANGE = "shape-change"
 CHAT_LIKE = "serving-chat-like"  # on the fast profiler's H200 profile (graph kinds per cell)
 H200_INFLIGHT = ROOT / "profiles" / "h200-qwen3-4b-eagle3-inflight.json"
 CHAT_LOADS = (16, 48, 96, 128, 160, 192, 224, 256)
+LONG_CONTEXT = "serving-long-context"  # the same profile; prompts 2-4k tokens, outputs 100-300
+LONG_LOADS = (16, 32, 48, 64, 80, 96, 104, 112, 120)  # its max_num_seqs: the prefill fits
+QUICK_LONG_LOADS = (48, 96, 120)
 GOAL_CHAT_LOSS = 0.03  # issue 16's bound for every shape but decode-heavy
 LOADS = (16, 48, 80, 96, 104, 112, 120, 128, 136, 144, 160, 176, 192, 224, 256)
 QUICK_LOADS = (48, 112, 128, 160, 224)
@@ -260,6 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     serving = bench_serving(QUICK_LOADS if args.quick else LOADS)
     chat = bench_serving(QUICK_LOADS if args.quick else CHAT_LOADS, CHAT_LIKE, H200_INFLIGHT)
+    long = bench_serving(
+        QUICK_LONG_LOADS if args.quick else LONG_LOADS, LONG_CONTEXT, H200_INFLIGHT
+    )
     shape = bench_shape_change()
     scale = bench_scale(
         PROFILE, 200 if args.quick else 1000, 4, scenario_name=SERVING, goal_rss_mb=300.0
@@ -268,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratio = serving["nightjar_worst_measured_loss"] / ours if ours > 0 else None
     chat_ours = chat["worst_measured_loss"]
     chat_ratio = chat["nightjar_worst_measured_loss"] / chat_ours if chat_ours > 0 else None
+    long_ours = long["worst_measured_loss"]
+    long_ratio = long["nightjar_worst_measured_loss"] / long_ours if long_ours > 0 else None
     goals = {
         "serving_worst_table_loss": {
             "measured": serving["worst_table_loss"],
@@ -294,6 +305,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "goal": GOAL_RATIO,
             "pass": chat_ratio is not None and chat_ratio >= GOAL_RATIO,
         },
+        "long_context_worst_measured_loss": {
+            "measured": long_ours,
+            "goal": GOAL_CHAT_LOSS,
+            "pass": long_ours <= GOAL_CHAT_LOSS,
+        },
+        "long_context_nightjar_style_over_ours": {
+            "measured": long_ratio,
+            "goal": GOAL_RATIO,
+            "pass": long_ratio is not None and long_ratio >= GOAL_RATIO,
+        },
         "shape_change_share_at_90s": {
             "measured": shape["share_recovered"],
             "goal": GOAL_SHARE,
@@ -318,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "goals": goals,
         "serving": serving,
         "chat_like": chat,
+        "long_context": long,
         "shape_change": shape,
         "scale": scale,
         "wall_s": time.perf_counter() - started,

@@ -385,11 +385,16 @@ def test_truth_under_serving_traffic_is_the_models_not_the_profiles(profile: Pro
         load={"kind": "constant", "batch_size": 128},
         acceptance={"kind": "constant", "rates": [0.75, 0.55, 0.4]},
         engine={"starting_table": [[1, 64, 3], [65, 128, 2], [129, 256, 1]]},
-        serving={"traffic": {"kind": "constant", "shape": decode_heavy}},
+        serving={
+            "traffic": {"kind": "constant", "shape": decode_heavy},
+            "attention_us_per_context_token": 0.001,
+        },
     )
     h.tick(3.0)
     truth = h.client.get("/sim/v1/truth").json()
     assert truth["serving"]["shape"] == "decode-heavy"
+    context = truth["serving"]["mean_context_tokens"]
+    assert truth["serving"]["attention_ms_per_request"] == pytest.approx(0.001e-3 * context)
     assert truth["serving"]["next_shape_change_s"] is None
     assert truth["profile_table"] == [[1, 256, 3]]
     assert truth["oracle_table"] != truth["profile_table"]

@@ -258,6 +258,7 @@ class Replica:
             "mean_output_tokens": shape.output.mean,
             "mean_context_tokens": shape.mean_context,
             "context_factor": engine.serving.context_factor(shape),
+            "attention_ms_per_request": engine.serving.attention_seconds(1.0, shape) * 1000.0,
             "next_shape_change_s": None if math.isinf(change) else change,
         }
 
