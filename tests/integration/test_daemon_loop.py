@@ -159,8 +159,8 @@ def test_long_context_traffic_takes_k3_though_every_k_runs_8_to_12x_its_profile(
     # reads ~3,100 tokens of context per request, so every k runs 8-12x its profile and a step
     # takes ~100 ms. From the quarter-documented table's k=0 the daemon takes the truth's k=3
     # through Prometheus. (Whether it stays is not pinned: about one run in five a k with a
-    # handful of burst steps is shrunk toward k=0's smaller live ratio, looks cheaper than it
-    # is and takes the load; docs/results.md, "On the emulator".)
+    # handful of burst steps reads cheaper than it is and clears the one-standard-error bar;
+    # docs/results.md, "On the emulator".)
     rig = make_rig("serving-long-context", profile=H200_INFLIGHT)
     current = rig.truth()["current"]
     assert current["table_k"] == 0 and current["best_fixed_k"] == 3
