@@ -47,6 +47,7 @@ COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 TARGET=${TARGET:-qwen3-4b}
 DRAFTER=${DRAFTER:-$TARGET-eagle3}
 TP=${TP:-1}
+[[ $TP =~ ^[1-9][0-9]*$ ]] || { echo "TP must be a positive integer, got '$TP'" >&2; exit 2; }
 mkdir -p "$OUT"
 exec > >(tee "$OUT/live_step_time_run_log.txt") 2>&1
 export PYTHONUNBUFFERED=1

@@ -54,6 +54,7 @@ NAME=${NAME:-profile_fast}
 TARGET=${TARGET:-qwen3-4b}
 DRAFTER=${DRAFTER:-$TARGET-eagle3}
 TP=${TP:-1}
+[[ $TP =~ ^[1-9][0-9]*$ ]] || { echo "TP must be a positive integer, got '$TP'" >&2; exit 2; }
 COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/${NAME}_run_log.txt") 2>&1
