@@ -49,8 +49,16 @@ class Rig:
         replicas: tuple[str, ...] = ("r1",),
         state_dir: Path | None = None,
         dry_run: bool = False,
+        profile_tensor_parallel_size: int | None = None,
     ) -> None:
-        self.profile = small_profile(prior=PRIOR)
+        profile = small_profile(prior=PRIOR)
+        self.profile = profile.model_copy(
+            update={
+                "metadata": profile.metadata.model_copy(
+                    update={"tensor_parallel_size": profile_tensor_parallel_size}
+                )
+            }
+        )
         self.pool = make_pool(self.profile, None)
         self.step_times = step_times_of(self.profile)
         self.clock = FakeClock()
@@ -340,6 +348,22 @@ def test_live_traffic_unlike_the_profiles_shape_is_warned() -> None:
     assert names.PROFILE_SHAPE in rig.alert_names()
     alert = next(a for a in rig.alerts.active.values() if a.name == names.PROFILE_SHAPE)
     assert "200 prefill tokens per step" in alert.description
+
+
+@pytest.mark.parametrize(
+    ("profiled", "live", "warned"),
+    [(2, 4, True), (2, 2, False), (None, 4, False), (2, None, False)],
+)
+def test_a_replica_on_another_tensor_parallel_size_than_its_profile_is_warned(
+    profiled: int | None, live: int | None, warned: bool
+) -> None:
+    rig = Rig(settings_with(), profile_tensor_parallel_size=profiled)
+    rig.admins["r1"].tensor_parallel_size = live
+    rig.cycles(3)
+    assert (names.PROFILE_SETUP in rig.alert_names()) is warned
+    if warned:
+        alert = next(a for a in rig.alerts.active.values() if a.name == names.PROFILE_SETUP)
+        assert "tensor-parallel size 4, the profile's 2" in alert.description
 
 
 def test_pure_decode_matches_a_pure_decode_profile() -> None:

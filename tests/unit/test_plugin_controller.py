@@ -18,7 +18,7 @@ from tabletune.schemas.table import dense_lookup
 START = [[1, 1, 0], [2, 2, 1], [3, 3, 2], [4, 256, 3]]
 
 
-def fake_core(table: list[list[int]] | None = START) -> Any:
+def fake_core(table: list[list[int]] | None = START, tensor_parallel_size: int = 1) -> Any:
     spec = SimpleNamespace(num_speculative_tokens=3, num_speculative_tokens_per_batch_size=table)
     scheduler = SimpleNamespace(
         num_spec_tokens=3,
@@ -32,7 +32,9 @@ def fake_core(table: list[list[int]] | None = START) -> Any:
         ),
     )
     vllm_config = SimpleNamespace(
-        speculative_config=spec, model_config=SimpleNamespace(served_model_name="qwen3-4b")
+        speculative_config=spec,
+        model_config=SimpleNamespace(served_model_name="qwen3-4b"),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tensor_parallel_size),
     )
     return SimpleNamespace(scheduler=scheduler, vllm_config=vllm_config)
 
@@ -42,6 +44,14 @@ def test_built_from_the_engines_config() -> None:
     view = view_from_envelope(controller.get())
     assert view.table == START and view.allowed_k == [0, 1, 2, 3] and view.version == 0
     assert view.model_name == "qwen3-4b" and view.engine_version == "0.26.0"
+
+
+def test_the_view_reports_the_engines_tensor_parallel_size() -> None:
+    view = build_controller(fake_core(tensor_parallel_size=2), engine_version="0.26.0").view()
+    assert view.tensor_parallel_size == 2
+    core = fake_core()
+    del core.vllm_config.parallel_config  # an engine config without it: not reported
+    assert build_controller(core, engine_version="0.26.0").view().tensor_parallel_size is None
 
 
 def test_put_installs_the_new_lookup_in_the_scheduler() -> None:

@@ -79,6 +79,7 @@ class FakeConfig:
     """False: PUT answers but the engine keeps drafting the starting table's k (a broken swap)"""
     honour_ignore_eos: bool = True
     engine_version: str = "0.26.0"
+    tensor_parallel_size: int | None = 1
     tokenizer: bool = True
     """False: text prompts fail with a 500, as on a server started with --skip-tokenizer-init"""
 
@@ -107,7 +108,11 @@ class FakeEngine:
                 num_speculative_tokens=config.num_speculative_tokens,
                 max_num_seqs=config.max_num_seqs,
             )
-            self.backend = LocalBackend(state, engine_version=config.engine_version)
+            self.backend = LocalBackend(
+                state,
+                engine_version=config.engine_version,
+                tensor_parallel_size=config.tensor_parallel_size,
+            )
         self._initial_state = self.backend.state if self.backend else None
         self.app = self._build_app()
 

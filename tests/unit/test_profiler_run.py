@@ -98,6 +98,15 @@ def synthetic(*rates: float) -> AcceptanceSettings:
     return replace(SETTINGS.acceptance, synthetic_rates=rates)
 
 
+def test_the_engines_tensor_parallel_size_is_recorded(tmp_path: Path) -> None:
+    # A profile holds for one parallel layout: the one the engine's table view reports.
+    harness, fake = serving(tmp_path, tensor_parallel_size=2)
+    settings = replace(SETTINGS, acceptance=synthetic(0.75, 0.55, 0.40))
+    with fake.serve() as url:
+        run, _ = harness.run(url, settings=settings, ks=(0, 1))
+    assert load_profile(run.paths.profile).metadata.tensor_parallel_size == 2
+
+
 def test_step_times_are_exact_and_every_file_is_written(tmp_path: Path) -> None:
     harness, fake = serving(tmp_path)
     settings = replace(SETTINGS, acceptance=synthetic(0.75, 0.55, 0.40))
@@ -114,6 +123,7 @@ def test_step_times_are_exact_and_every_file_is_written(tmp_path: Path) -> None:
         assert not cell.noisy
     meta = profile.metadata
     assert (meta.gpu, meta.engine_version, meta.model_runner) == ("FAKE GPU", "0.26.0", "v2")
+    assert meta.tensor_parallel_size == 1  # as the engine's table view reported it
     assert {"timing", "acceptance", "total"} <= set(meta.wall_time_s)
     # acceptance: the synthetic rates come back through vLLM's counters
     acceptance = load_acceptance(paths.acceptance)

@@ -242,6 +242,12 @@ def test_admin_token(profile: Profile) -> None:
     assert h.client.get("/tabletune/v1/table", headers=bearer).status_code == 200
 
 
+def test_the_view_reports_the_engines_tensor_parallel_size(profile: Profile) -> None:
+    assert Harness(profile).client.get("/tabletune/v1/table").json()["tensor_parallel_size"] == 1
+    h = Harness(profile, engine={"tensor_parallel_size": 2})
+    assert h.client.get("/tabletune/v1/table").json()["tensor_parallel_size"] == 2
+
+
 def test_manual_faults(harness: Harness) -> None:
     set_faults = harness.client.post("/sim/v1/faults", json={"admin_error_status": 502})
     assert set_faults.json()["admin_error_status"] == 502

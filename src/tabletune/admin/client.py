@@ -207,11 +207,17 @@ class StateAdminClient(InProcessAdmin):
     benchmarks and tests that drive the daemon in process."""
 
     def __init__(
-        self, state: TableState, *, engine_version: str = "0.26.0", model_name: str | None = None
+        self,
+        state: TableState,
+        *,
+        engine_version: str = "0.26.0",
+        model_name: str | None = None,
+        tensor_parallel_size: int | None = None,
     ) -> None:
         self.state = state
         self.engine_version = engine_version
         self.model_name = model_name
+        self.tensor_parallel_size = tensor_parallel_size
 
     def answer(self, request: AdminRequest, if_match: int | None) -> TableView:
         try:
@@ -225,4 +231,5 @@ class StateAdminClient(InProcessAdmin):
             plugin_version=__version__,
             engine_version=self.engine_version,
             model_name=self.model_name,
+            tensor_parallel_size=self.tensor_parallel_size,
         )

@@ -20,12 +20,14 @@ class LocalBackend:
         *,
         engine_version: str,
         model_name: str | None = None,
+        tensor_parallel_size: int | None = None,
         step_cells: Callable[[], StepCellsRead] | None = None,
     ) -> None:
         self._state = state
         self._lock = threading.Lock()
         self.engine_version = engine_version
         self.model_name = model_name
+        self.tensor_parallel_size = tensor_parallel_size
         self.step_cells = step_cells
         """what counts the step cells (None: nothing, the route answers 404)"""
 
@@ -38,6 +40,7 @@ class LocalBackend:
             plugin_version=__version__,
             engine_version=self.engine_version,
             model_name=self.model_name,
+            tensor_parallel_size=self.tensor_parallel_size,
         )
 
     async def get_view(self) -> TableView:

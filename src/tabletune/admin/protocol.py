@@ -77,6 +77,9 @@ class TableView(BaseModel):
     plugin_version: str
     engine_version: str
     model_name: str | None = None
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, description="the engine's tensor-parallel size (None: not reported)"
+    )
     reason: str | None = Field(default=None, description="why the table is read-only, if it is")
 
 

@@ -184,7 +184,12 @@ class TableState:
             )
 
     def view(
-        self, *, plugin_version: str, engine_version: str, model_name: str | None = None
+        self,
+        *,
+        plugin_version: str,
+        engine_version: str,
+        model_name: str | None = None,
+        tensor_parallel_size: int | None = None,
     ) -> TableView:
         return TableView(
             dynamic=self.dynamic,
@@ -204,5 +209,6 @@ class TableState:
             plugin_version=plugin_version,
             engine_version=engine_version,
             model_name=model_name,
+            tensor_parallel_size=tensor_parallel_size,
             reason=None if self.dynamic else "static num_speculative_tokens (no table at start)",
         )

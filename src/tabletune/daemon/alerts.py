@@ -26,6 +26,7 @@ TABLE_SHIFTED = "TableTuneTableShifted"
 ACCEPTANCE_DRIFT = "TableTuneAcceptanceDrift"
 PROFILE_DRIFT = "TableTuneProfileDrift"
 PROFILE_SHAPE = "TableTuneProfileShape"
+PROFILE_SETUP = "TableTuneProfileSetup"
 STALE_DATA = "TableTuneStaleData"
 ROLLBACK = "TableTuneRollback"
 PUSH_FAILED = "TableTunePushFailed"
@@ -36,6 +37,7 @@ SEVERITY = {
     ACCEPTANCE_DRIFT: "warning",
     PROFILE_DRIFT: "warning",
     PROFILE_SHAPE: "warning",
+    PROFILE_SETUP: "warning",
     STALE_DATA: "warning",
     ROLLBACK: "critical",
     PUSH_FAILED: "critical",

@@ -55,6 +55,25 @@ class Checks:
         self._step_drift(rt, cells, now)
         self._traffic_shape(rt, cells, now)
 
+    def profile_setup(self, rt: ReplicaRuntime, now: float) -> None:
+        """Warn when the replica's engine (its last table view) runs another tensor-parallel
+        size than the profile was measured on: the profile's step times describe another
+        engine, so the table starts from the wrong prior until live steps correct it."""
+        profiled = rt.pool.profile.metadata.tensor_parallel_size
+        live = None if rt.view is None else rt.view.tensor_parallel_size
+        if profiled is None or live is None or profiled == live:
+            return
+        self.alerts.condition(
+            Alert(
+                names.PROFILE_SETUP,
+                f"{rt.replica} runs another parallel layout than its profile",
+                f"tensor-parallel size {live}, the profile's {profiled}",
+                replica=rt.replica,
+                pool=rt.pool.name,
+            ),
+            now,
+        )
+
     def _traffic_shape(self, rt: ReplicaRuntime, cells: StepCells, now: float) -> None:
         """Warn when live steps carry more (or less) prefill than the profile was timed with:
         its step times then misstate serving steps before any drift is measured."""

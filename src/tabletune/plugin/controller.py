@@ -39,6 +39,7 @@ class EngineTableController:
         *,
         engine_version: str,
         model_name: str | None = None,
+        tensor_parallel_size: int | None = None,
         timer: StepTimer | None = None,
     ) -> None:
         self._state = state
@@ -51,6 +52,7 @@ class EngineTableController:
         self._retired_nightjar_steps = 0
         self.engine_version = engine_version
         self.model_name = model_name
+        self.tensor_parallel_size = tensor_parallel_size
         if timer is not None:
             timer.set_enabled(state.step_timing)
 
@@ -78,6 +80,7 @@ class EngineTableController:
             plugin_version=__version__,
             engine_version=self.engine_version,
             model_name=self.model_name,
+            tensor_parallel_size=self.tensor_parallel_size,
         )
         return view.model_copy(
             update={

@@ -207,6 +207,7 @@ class ProfileRun:
         self.cross_samples: list[RawSample] = []
         self.refused: list[str] = []
         self.engine_version = "unknown"
+        self.tensor_parallel_size: int | None = None
         self.allowed_k: tuple[int, ...] = ()
         self.agreement: Agreement | None = None
         self.log_text: Callable[[], str] = lambda: ""
@@ -268,6 +269,7 @@ class ProfileRun:
             notes="; ".join([summary, *notes, *([r.notes] if r.notes else [])]),
             timing_method=timing.method,
             timing_shape=self._shape(),
+            tensor_parallel_size=self.tensor_parallel_size,
         )
 
     def _shape(self) -> TimingShape | None:
@@ -359,6 +361,7 @@ class ProfileRun:
         engine = session.current(serving)
         view = engine.table()  # fails early, clearly, without the plugin
         self.engine_version = view.engine_version
+        self.tensor_parallel_size = view.tensor_parallel_size
         self.allowed_k = tuple(view.allowed_k)
         missing = sorted(set(r.profiled_ks) - set(view.allowed_k))
         if missing:
@@ -552,6 +555,7 @@ def summary_of(outcome: ProfileOutcome, timing: TimingResult) -> dict[str, Any]:
         "device": meta.gpu,
         "engine": meta.engine,
         "engine_version": meta.engine_version,
+        "tensor_parallel_size": meta.tensor_parallel_size,
         "date": meta.created_at.isoformat(),
         "model": meta.model,
         "drafter": meta.drafter,

@@ -66,6 +66,9 @@ class ProfileMetadata(BaseModel):
     cuda_graphs: CudaGraphCapture | None = Field(
         default=None, description="the engine's CUDA-graph capture sizes"
     )
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, description="the engine's, as its table view reported it"
+    )
 
 
 class Cell(BaseModel):

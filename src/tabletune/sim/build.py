@@ -109,6 +109,7 @@ def start_engine_side(scenario: Scenario, engine: EngineSim) -> EngineTableContr
         engine.install,
         engine_version=scenario.engine.engine_version,
         model_name=scenario.engine.model_name,
+        tensor_parallel_size=scenario.engine.tensor_parallel_size,
     )
     settings = SettingsPut(
         exploration_interval=scenario.engine.exploration_interval or None,

@@ -64,6 +64,7 @@ class EngineSpec(_Model):
     model_name: str = "qwen3-4b"
     engine_version: str = "0.26.0"
     engine_label: str = Field(default="0", description="vLLM's `engine` label value")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="reported in the table view")
     num_speculative_tokens: int = Field(ge=1, description="K")
     max_num_seqs: int = Field(ge=1)
     starting_table: list[list[int]] | None = Field(
