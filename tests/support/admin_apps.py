@@ -82,7 +82,9 @@ def _fake_core() -> Any:
         dynamic_sd_lookup=dense_lookup([(s, e, k) for s, e, k in START], MAX_NUM_SEQS, K),
     )
     vllm_config = SimpleNamespace(
-        speculative_config=spec, model_config=SimpleNamespace(served_model_name="qwen3-4b")
+        speculative_config=spec,
+        model_config=SimpleNamespace(served_model_name="qwen3-4b"),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
     )
     return SimpleNamespace(scheduler=scheduler, vllm_config=vllm_config)
 

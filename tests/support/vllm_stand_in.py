@@ -106,7 +106,7 @@ class WithoutStepCells:
 
 
 class StandIn:
-    def __init__(self) -> None:
+    def __init__(self, *, tensor_parallel_size: int = 1) -> None:
         self.registry = CollectorRegistry()
         labels = ["engine", "model_name"]
 
@@ -137,7 +137,9 @@ class StandIn:
             num_speculative_tokens=3, num_speculative_tokens_per_batch_size=START_TABLE
         )
         self.vllm_config = SimpleNamespace(
-            speculative_config=spec, model_config=SimpleNamespace(served_model_name="qwen3-4b")
+            speculative_config=spec,
+            model_config=SimpleNamespace(served_model_name="qwen3-4b"),
+            parallel_config=SimpleNamespace(tensor_parallel_size=tensor_parallel_size),
         )
         self.controller = build_controller(
             SimpleNamespace(scheduler=self.scheduler, vllm_config=self.vllm_config),
@@ -299,8 +301,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)  # reported, not used
     args, _ = parser.parse_known_args()  # vLLM's other flags are accepted and ignored
-    uvicorn.run(StandIn().app(), host=args.host, port=args.port, log_level="warning")
+    stand_in = StandIn(tensor_parallel_size=args.tensor_parallel_size)
+    uvicorn.run(stand_in.app(), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
