@@ -3,10 +3,13 @@ capture_size_report.py on synthetic profiles."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -275,3 +278,66 @@ def test_a_bad_measured_table_file_is_a_one_line_error(tmp_path: Path) -> None:
     )
     assert done.returncode == 2 and "--measured-table" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "o.json").exists()
+
+
+# -- fitting the budget -------------------------------------------------------------------------
+
+
+@given(planned=st.integers(1, 40), per_round=st.floats(1, 100), fixed=st.floats(0, 200),
+       left=st.floats(0, 5000))  # fmt: skip
+def test_a_load_runs_its_plan_or_the_most_whole_pairs_that_fit(
+    driver: ModuleType, planned: int, per_round: float, fixed: float, left: float
+) -> None:
+    def needs(rounds: int) -> float:
+        return fixed + per_round * rounds
+
+    rounds = driver.rounds_that_fit(planned, needs, left)
+    if needs(planned) <= left:
+        assert rounds == planned
+    elif needs(2) > left or planned <= 2:
+        assert rounds == 0  # not even one pair (or the plan itself was at most one pair)
+    else:
+        assert rounds % 2 == 0 and 2 <= rounds < planned and needs(rounds) <= left
+        assert needs(rounds + 2) > left or rounds + 2 >= planned  # no larger pair fits
+
+
+RAW = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_raw"
+CHAT_B192_12S = RAW / "eval_traffic_chat_like_b192_12s_h200_20261130T2359Z.json"
+
+
+def run_of(driver: ModuleType, meta: dict[str, Any]) -> Any:
+    args = argparse.Namespace(
+        base="http://stand-in", budget_s=500, shape=meta["shape"], arms=",".join(meta["arms"]),
+        rounds=meta["rounds"], window_s=meta["window_s"], settle_s=meta["settle_s"],
+        warmup_s=6.0, daemon_s=meta["daemon"]["run_s"],
+        nightjar_learn_s=meta["nightjar"]["learn_s"],
+    )  # fmt: skip
+    return driver.Run(args, {})
+
+
+def test_the_time_estimate_covers_the_recorded_launch_closely(driver: ModuleType) -> None:
+    """The H200 launch of 2026-11-30 (chat-like B=192, 5 arms, 12 s windows, 4 rounds) took
+    378.8 s; the old estimate said 405 s and the next launches skipped the load for it."""
+    raw = json.loads(CHAT_B192_12S.read_text())
+    needed = run_of(driver, raw["meta"]).load_needs_s(raw["meta"]["rounds"])
+    took = raw["durations_s"]["chat-like-B192"]
+    assert took <= needed <= 1.05 * took
+
+
+def test_a_load_that_does_not_fit_runs_fewer_pairs_and_records_it(driver: ModuleType) -> None:
+    raw = json.loads(CHAT_B192_12S.read_text())
+    live = run_of(driver, raw["meta"])
+    live.deadline = time.monotonic() + 374.7  # what was left in the lost launch
+    ran: list[int] = []
+
+    async def body(rounds: int) -> None:
+        ran.append(rounds)
+
+    live.result = {"skipped": [], "durations_s": {}, "errors": []}
+    live.save = lambda: None
+    asyncio.run(live.fitted_part("chat-like-B192", live.load_needs_s, body))
+    assert ran == [2] and live.result["rounds"]["chat-like-B192"] == {"planned": 4, "run": 2}
+    live.deadline = time.monotonic() + 100  # not even one pair
+    asyncio.run(live.fitted_part("chat-like-B64", live.load_needs_s, body))
+    assert ran == [2] and live.result["rounds"]["chat-like-B64"] == {"planned": 4, "run": 0}
+    assert live.result["skipped"][0]["part"] == "chat-like-B64"
