@@ -137,8 +137,8 @@ def test_a_window_records_when_it_started_and_ended_in_utc_with_milliseconds(
     row = asyncio.run(server.window({"part": "p", "arm": "k3", "index": 0}, 0.0))
     started, ended = (datetime.fromisoformat(row[key]) for key in ("started_utc", "ended_utc"))
     assert started.utcoffset() == timedelta(0) and started <= ended
-    assert all(len(row[key].split(".")[1]) == len("000+00:00") for key in ("started_utc",
-                                                                           "ended_utc"))  # fmt: skip
+    stamps = (row["started_utc"], row["ended_utc"])
+    assert all(len(stamp.split(".")[1]) == len("000+00:00") for stamp in stamps)
     assert row["view"] == {"table": [[1, 256, 3]]} and row["arm"] == "k3"
 
 
