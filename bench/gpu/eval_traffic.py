@@ -259,6 +259,7 @@ async def run(args: argparse.Namespace) -> int:
             "lengths": {name: SHAPES[name].describe() for name in shapes},
             "loads": [{"part": part_name(s, c), "shape": s, "clients": c} for s, c in loads],
             "shape_change": args.shape_change or None,
+            "warmup_s": args.warmup_s,
             "window_s": args.window_s,
             "settle_s": args.settle_s,
             "rounds": args.rounds,

@@ -34,6 +34,7 @@ def driver() -> ModuleType:
 @pytest.fixture(scope="module")
 def report(driver: ModuleType) -> ModuleType:
     load_gpu_module("live_daemon_report")
+    load_gpu_module("gpu_clocks")
     return load_gpu_module("eval_traffic_report")
 
 
@@ -91,6 +92,11 @@ def window(part: str, arm: str, tokens_per_s: float, k: int, running: float = 19
 
 
 def raw_run(rows: list[dict[str, Any]], loads: list[Any]) -> dict[str, Any]:
+    """A run's JSON; each row's index is its place in its part, as the driver numbers them."""
+    places: dict[str, int] = {}
+    for row in rows:
+        row.setdefault("index", places.get(row["part"], 0))
+        places[row["part"]] = row["index"] + 1
     return {
         "meta": {
             "shape": "chat-like",
@@ -135,6 +141,47 @@ def test_losses_count_only_beyond_the_spread_and_same_k_arms_are_grouped(
     goal = result["goals"]["daemon_worst_load_loss_chat_like"]
     assert goal["pass"] is True and goal["judgeable"] is True
     assert result["goals"]["shape_change"]["pass"] is None
+
+
+def test_pairing_windows_of_one_round_cancels_a_slow_drift(report: ModuleType) -> None:
+    """The machine drifts by up to 20 % between rounds; the daemon runs 2 % below k3 in every
+    round: too small against the unpaired spread, a result against the paired one."""
+    part = "chat-like-B192"
+    rows = []
+    for r, drift in enumerate((1.0, 1.2, 0.85, 1.1, 0.95, 1.15)):
+        order = [("k1", 9000.0, 1), ("k3", 12000.0, 3), ("daemon", 11760.0, 3)]
+        for arm, tps, k in order if r % 2 == 0 else order[::-1]:
+            rows.append(window(f"{part}-arms", arm, tps * drift, k))
+    loads = [{"part": part, "shape": "chat-like", "clients": 192}]
+    load = report.report(raw_run(rows, loads))["loads"][part]
+    daemon = load["arms"]["daemon"]
+    assert daemon["loss_is_a_result"] is False  # 2 % inside the unpaired spread of ~35 %
+    assert daemon["paired"]["ratios"] == [0.98] * 6
+    assert daemon["paired"]["loss_vs_best_fixed_k"] == pytest.approx(0.02)
+    assert daemon["paired"]["spread_of_ratios"] == pytest.approx(0.0)
+    assert daemon["loss_is_a_result_paired"] is True
+    assert load["arms"]["k3"]["loss_is_a_result_paired"] is False  # the best against itself
+    null = load["arms_running_one_and_the_same_k"]["k3"]["paired_against_the_first"]["daemon"]
+    assert null["median_ratio"] == pytest.approx(0.98) and null["spread_of_ratios"] == 0.0
+    goal = report.report(raw_run(rows, loads))["goals"]["daemon_worst_load_loss_chat_like"]
+    assert goal["judgeable"] is False and goal["paired"]["judgeable"] is True
+    assert goal["paired"]["measured"] == pytest.approx(0.02) and goal["paired"]["pass"] is True
+    assert load["rounds"] == {"planned": None, "run": 6}
+
+
+@given(values=st.lists(st.floats(0.5, 1.5), min_size=1, max_size=40))
+def test_the_median_interval_holds_the_median_and_covers_at_least_95_when_it_can(
+    report: ModuleType, values: list[float]
+) -> None:
+    interval = report.median_interval(values)
+    median = statistics.median(values)
+    assert interval["low"] - 1e-4 <= median <= interval["high"] + 1e-4
+    if len(values) >= 6:
+        assert interval["coverage"] >= 0.95
+    else:  # too few for 95 %: min..max and what it covers
+        assert (interval["low"], interval["high"]) == (round(min(values), 4),
+                                                       round(max(values), 4))  # fmt: skip
+        assert interval["coverage"] == round(1 - 2 / 2 ** len(values), 3)
 
 
 def test_runs_that_named_loads_by_clients_alone_still_report(report: ModuleType) -> None:
