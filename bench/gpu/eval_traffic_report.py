@@ -276,6 +276,10 @@ def daemon_goal(shape: str, reports: list[Row]) -> Row:
     pairs = [p for p in pairs if p["loss_vs_best_fixed_k"] is not None]
     worst_paired = max((p["loss_vs_best_fixed_k"] for p in pairs), default=None)
     paired_spread = max((p["spread_of_ratios"] for p in pairs), default=None)
+    nulls = [abs(1.0 - pair["median_ratio"]) for r in reports
+             for group in r["arms_running_one_and_the_same_k"].values()
+             for pair in group["paired_against_the_first"].values()
+             if pair["median_ratio"] is not None]  # fmt: skip
     return {
         **goal(worst, f"<= {bound:.1%}", worst is not None and worst <= bound),
         "largest_same_arm_spread": max(spreads, default=None),
@@ -286,8 +290,10 @@ def daemon_goal(shape: str, reports: list[Row]) -> Row:
             ),
             "note": "per load, the median over rounds of the daemon's window over the best "
             "fixed k's window of the same round; judgeable when the largest range of those "
-            "ratios is below the bound",
+            "ratios is below the bound; two arms running one and the same k should differ "
+            "by less than that too (largest_same_k_paired_difference, the null)",
             "largest_spread_of_ratios": paired_spread,
+            "largest_same_k_paired_difference": round(max(nulls), 4) if nulls else None,
             "judgeable": paired_spread is not None and paired_spread < bound,
         },
     }

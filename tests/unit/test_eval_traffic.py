@@ -166,6 +166,7 @@ def test_pairing_windows_of_one_round_cancels_a_slow_drift(report: ModuleType) -
     goal = report.report(raw_run(rows, loads))["goals"]["daemon_worst_load_loss_chat_like"]
     assert goal["judgeable"] is False and goal["paired"]["judgeable"] is True
     assert goal["paired"]["measured"] == pytest.approx(0.02) and goal["paired"]["pass"] is True
+    assert goal["paired"]["largest_same_k_paired_difference"] == pytest.approx(0.02)
     assert load["rounds"] == {"planned": None, "run": 6}
 
 
