@@ -27,7 +27,9 @@ Then, with ``--shape-change BEFORE:AFTER:N``, a change of traffic under the daem
 
 Every window is a raw row as in live_step_time.py (vLLM's counter increases, the plugin's step
 cells, the mean number of running requests = the effective B, the view). The JSON is rewritten
-after every part; a load that no longer fits the budget is skipped and recorded.
+after every part; a load whose planned rounds no longer fit the budget runs as many whole pairs
+of rounds as fit (``rounds``: planned vs run per part), and is skipped (recorded) only when not
+even one pair fits.
 eval_traffic_report.py turns it into bench/results/eval_traffic_<shape>_h200.json and a PNG.
 """
 
@@ -36,7 +38,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import tempfile
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -60,6 +64,22 @@ ARMS = ("k0", "k1", "k2", "k3", "documented", "measured", "daemon")  # the defau
 NIGHTJAR = "nightjar"
 KNOWN_ARMS = (*ARMS, NIGHTJAR)
 QUARTER_DOCUMENTED = [[1, 16, 3], [17, 32, 1], [33, 256, 0]]
+# The time estimate's allowances beyond the windows themselves (H200 launch 2026-11-30: the
+# windows' wall_s ran 0.05-0.13 s over window_s; the load drained in about 3 s).
+WINDOW_OVERHEAD_S = 0.25  # a window's scrapes and view, the table PUT before it
+DAEMON_STOP_S = 3.0  # SIGTERM to the daemon and its last table read
+DRAIN_S = 10.0  # the load's requests in flight finishing
+
+
+def rounds_that_fit(planned: int, needs_s: Callable[[int], float], left_s: float) -> int:
+    """``planned`` rounds when they fit in ``left_s``, else the most whole pairs of rounds that
+    do (a pair keeps the rotation's balance), else 0: not even one pair fits."""
+    if needs_s(planned) <= left_s:
+        return planned
+    for rounds in range((planned - 1) // 2 * 2, 0, -2):
+        if needs_s(rounds) <= left_s:
+            return rounds
+    return 0
 
 
 def rotations(arms: list[str], rounds: int) -> list[str]:
@@ -105,7 +125,7 @@ class Run(DaemonRun):
         }
         return {arm: every[arm] for arm in self.args.arms.split(",")}
 
-    async def one_load(self, part: str, shape: str, clients: int) -> None:
+    async def one_load(self, part: str, shape: str, clients: int, rounds: int) -> None:
         load = self.closed_loop(seed=clients, shape=SHAPES[shape], clients=clients)
         try:
             await asyncio.sleep(self.args.warmup_s)
@@ -113,11 +133,11 @@ class Run(DaemonRun):
             daemon_table = await self.run_daemon(f"{part}-daemon", start, self.args.daemon_s)
             self.result.setdefault("daemon_tables", {})[part] = daemon_table
             self.save()
-            await self.rotate(part, self.arm_tables(daemon_table))
+            await self.rotate(part, self.arm_tables(daemon_table), rounds)
         finally:
             await load.drain()
 
-    async def shape_change(self, before: str, after: str, clients: int) -> None:
+    async def shape_change(self, before: str, after: str, clients: int, rounds: int) -> None:
         """The daemon under ``before`` traffic for CHANGE_BEFORE_S, then the traffic switched
         to ``after`` under it for CHANGE_AFTER_S (windows throughout); then fixed k=1..3, the
         table in force at the change and the daemon's last table, rotated, on ``after``."""
@@ -142,28 +162,40 @@ class Run(DaemonRun):
             self.save()
             tables = {**{f"k{k}": self.fixed_table(k) for k in (1, 2, 3)},
                       "before": record["table_at_change"], "after": final}  # fmt: skip
-            await self.rotate(part, tables)
+            await self.rotate(part, tables, rounds)
         finally:
             await loads[-1].drain()
 
-    def change_needs_s(self) -> float:
-        return self.needs_s(5, self.args.change_before_s + self.args.change_after_s)
+    def change_needs_s(self, rounds: int) -> float:
+        return self.needs_s(5, self.args.change_before_s + self.args.change_after_s, rounds)
 
-    def load_needs_s(self) -> float:
+    def load_needs_s(self, rounds: int) -> float:
         arms = self.args.arms.split(",")
-        learning = self.args.rounds * self.args.nightjar_learn_s if NIGHTJAR in arms else 0.0
-        return self.needs_s(len(arms), self.args.daemon_s) + learning
+        learning = rounds * self.args.nightjar_learn_s if NIGHTJAR in arms else 0.0
+        return self.needs_s(len(arms), self.args.daemon_s, rounds) + learning
 
-    def needs_s(self, arms: int, daemon_s: float) -> float:
-        """A part's time: warm-up, the daemon's run (and its last window), the rotated arms."""
+    def needs_s(self, arms: int, daemon_s: float, rounds: int) -> float:
+        """A part's time: warm-up, the daemon's windows (they run until daemon_s has passed),
+        the rotated arms' windows after their settle, the drain."""
         args = self.args
-        windows = arms * args.rounds * (args.window_s + args.settle_s + 0.5)
-        return args.warmup_s + daemon_s + args.window_s + 3 + windows + 10
+        daemon = math.ceil(daemon_s / args.window_s) * (args.window_s + WINDOW_OVERHEAD_S)
+        windows = arms * rounds * (args.window_s + args.settle_s + WINDOW_OVERHEAD_S)
+        return args.warmup_s + daemon + DAEMON_STOP_S + windows + DRAIN_S
 
-    async def rotate(self, part: str, tables: dict[str, list[list[int]]]) -> None:
+    async def fitted_part(self, name: str, needs_s: Callable[[int], float],
+                          body: Callable[[int], Awaitable[None]]) -> None:  # fmt: skip
+        """A part with as many of the planned rounds as fit what is left (whole pairs), so a
+        slow engine start shortens a load instead of skipping it; rounds planned vs run are
+        recorded (run 0: skipped, not even one pair fitted)."""
+        planned = self.args.rounds
+        rounds = rounds_that_fit(planned, needs_s, self.left_s())
+        self.result.setdefault("rounds", {})[name] = {"planned": planned, "run": rounds}
+        await self.part(name, needs_s(rounds or min(planned, 2)), lambda: body(rounds))
+
+    async def rotate(self, part: str, tables: dict[str, list[list[int]]], rounds: int) -> None:
         """The arms' tables in rotated rounds, one window each, exploration off."""
         await self.server.put(SETTINGS_PATH, STATIC)
-        for index, arm in enumerate(rotations(list(tables), self.args.rounds)):
+        for index, arm in enumerate(rotations(list(tables), rounds)):
             await self.put_table(tables[arm])
             if arm == NIGHTJAR:
                 await self.nightjar_window(part, index)
@@ -227,6 +259,7 @@ async def run(args: argparse.Namespace) -> int:
             "lengths": {name: SHAPES[name].describe() for name in shapes},
             "loads": [{"part": part_name(s, c), "shape": s, "clients": c} for s, c in loads],
             "shape_change": args.shape_change or None,
+            "warmup_s": args.warmup_s,
             "window_s": args.window_s,
             "settle_s": args.settle_s,
             "rounds": args.rounds,
@@ -247,12 +280,13 @@ async def run(args: argparse.Namespace) -> int:
         return 1
     for load in result["meta"]["loads"]:
         part, shape, clients = load["part"], load["shape"], load["clients"]
-        await live.part(part, live.load_needs_s(),
-                        lambda p=part, s=shape, c=clients: live.one_load(p, s, c))  # fmt: skip
+        await live.fitted_part(
+            part, live.load_needs_s, lambda r, p=part, s=shape, c=clients: live.one_load(p, s, c, r)
+        )
     if args.shape_change:
         before, after, clients = parse_change(args.shape_change)
-        await live.part(change_part(before, after, clients), live.change_needs_s(),
-                        lambda: live.shape_change(before, after, clients))  # fmt: skip
+        await live.fitted_part(change_part(before, after, clients), live.change_needs_s,
+                               lambda r: live.shape_change(before, after, clients, r))  # fmt: skip
     return live.finish()
 
 
@@ -307,6 +341,11 @@ def main() -> int:
     unknown = set(args.arms.split(",")) - set(KNOWN_ARMS)
     if unknown:
         parser.error(f"--arms: unknown {sorted(unknown)}; known: {','.join(KNOWN_ARMS)}")
+    if args.settle_s < args.sync_interval_s:  # the window's step cells lag by up to one sync
+        parser.error(
+            f"--settle-s {args.settle_s:g} < the plugin's sync interval "
+            f"{args.sync_interval_s:g} s: a window's step cells would mix two arms"
+        )
     if not 0 <= args.nightjar_exploration <= 100 or args.nightjar_learn_s < 0:
         parser.error("--nightjar-exploration: 0..100; --nightjar-learn-s: >= 0")
     return asyncio.run(run(args))

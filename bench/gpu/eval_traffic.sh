@@ -12,10 +12,31 @@
 #     DRIVER_ARGS="--shape decode-heavy" bash bench/gpu/eval_traffic.sh
 #     DRIVER_ARGS="--loads 192 --shape-change decode-heavy:chat-like:192" bash ...  # + a change
 #     DRIVER_ARGS="--arms k0,k1,k2,k3,documented,measured,daemon,nightjar" bash ...  # + the bandit
-# Results under $OUT: eval_traffic.json (every window's raw row), eval_traffic_h200.json (the
-# report), live_step_time_run_log.txt, live_step_time_vllm_log.txt. Then, here:
+#
+# Recipe for one load in a 10-minute launch (BUDGET_S 525; the engine starts in 60-130 s, which
+# leaves the load about 360-430 s): many short windows, compared in pairs within a round. The
+# host-side noise is slow (tens of seconds: neighbouring windows of different arms move
+# together), so it cancels in the ratio of two windows of one round; the median over many rounds
+# then narrows, where the range of a few long windows does not. --rounds is a ceiling: the
+# driver runs as many whole pairs of rounds as fit what is left (rounds planned vs run in the
+# JSON) and skips the load only when not even one pair fits.
+#     DRIVER_ARGS="--loads 192 --arms k1,k2,k3,daemon --window-s 4 --settle-s 1.5 --rounds 16" \
+#       bash bench/gpu/eval_traffic.sh           # 12 rounds after a 130 s start, 16 after 60 s
+#     DRIVER_ARGS="--loads 192 --arms k1,k2,k3,daemon,nightjar --window-s 4 --settle-s 1.5 \
+#       --rounds 10" bash ...                    # the bandit learns 12 s a round: 6 to 8 rounds
+# What --settle-s waits for after a table is put in: not the table itself (the PUT returns once
+# the engine has it, and the next step runs it: fixed k, the documented, measured and daemon
+# tables alike), but the plugin's step cells in /metrics, which lag by up to one sync interval
+# (TABLETUNE_SYNC_INTERVAL_S, 1 s; a smaller --settle-s is refused), so a window's k mix is of
+# its arm alone. vLLM's token counters, which tokens/s comes from, do not lag. The closed loop's
+# requests take a few seconds to settle into the new k's mix; the rotation varies which arm
+# comes before which, so that is not waited for.
+# Results under $OUT: eval_traffic.json (every window's raw row, with its start and end in
+# UTC), eval_traffic_h200.json (the report), gpu_clocks.csv (nvidia-smi once a second),
+# live_step_time_run_log.txt, live_step_time_vllm_log.txt. Then, here:
 #     .venv/bin/python bench/gpu/eval_traffic_report.py eval_traffic.json
-# writes bench/results/eval_traffic_<shape>_h200.json and its PNG.
+# writes bench/results/eval_traffic_<shape>_h200.json and its PNG (the GPU log beside the raw
+# file is read on its own: --gpu-clocks CSV --gpu-index N for one kept elsewhere).
 # A CPU dry run against the plugin-based stand-in (about two minutes):
 #     WHEEL=none SERVER_MODULE=tests.support.vllm_stand_in PYTHONPATH=src:. BUDGET_S=240 \
 #     TABLETUNE_SYNC_INTERVAL_S=0.2 DRIVER_ARGS="--loads 4,8 --warmup-s 1 --window-s 1 \

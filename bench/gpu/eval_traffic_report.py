@@ -4,13 +4,26 @@ Per load: tokens/s of every arm (mean, the spread of its repeated windows), the 
 (k=0..3, by mean), each arm's loss against it, and whether that loss is a result: only a loss
 larger than the spread of the repeated same-arm windows (the largest relative range of the two
 arms compared) counts. Arms whose steps all ran at one k (the plugin's cells) are the same
-configuration: the range of their means is the noise between windows too. The daemon's
-convergence windows and the table it ended with. Goals
+configuration: the range of their means is the noise between windows too.
+
+Paired, next to it: per round (every arm once, its windows close in time), each arm's window over
+the best fixed k's window of the same round; per arm the median of those ratios (-> its paired
+loss), their range (``spread_of_ratios``: ``loss_is_a_result_paired`` when the loss is larger)
+and a distribution-free interval of the median (narrows as rounds are added; the range does
+not). A slow drift of the machine moves both windows of a round and cancels in the ratio. Arms
+running one and the same k are compared paired as well (the null). Rounds planned vs run.
+
+With the GPUs' once-a-second log (--gpu-clocks, or the job's gpu_clocks.csv beside RAW), every
+window in ``windows`` gets the mean SM clock, utilization and power and the throttle reasons seen
+inside it (gpu_clocks.py; windows of runs that did not record their times are aligned by the
+driver's schedule and marked approximate). The daemon's convergence windows and the table it
+ended with. Goals
 (issue 16): the daemon's worst-load loss <= 3 % (<= 1.5 % decode-heavy); the Nightjar-style
 bandit's (the ``nightjar`` arm, in the engine) >= 3x the daemon's; the Nightjar-style
 comparison and the shape change are reported as not run when they were not.
 
-    .venv/bin/python bench/gpu/eval_traffic_report.py RAW.json [--out OUT.json]
+    .venv/bin/python bench/gpu/eval_traffic_report.py RAW.json [--out OUT.json] [--name NAME]
+        [--gpu-clocks CSV] [--gpu-index 1]
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -27,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import goal  # noqa: E402
+from gpu_clocks import annotate, job_gpus, read_clocks  # noqa: E402
 from live_daemon_report import replay  # noqa: E402  (this script's folder is first on sys.path)
 from live_step_time_report import pooled, throughput  # noqa: E402
 
@@ -63,6 +78,56 @@ def relative_range(values: list[float]) -> float:
     return round((max(values) - min(values)) / statistics.fmean(values), 4)
 
 
+def by_round(windows: list[Row]) -> list[dict[str, float]]:
+    """Tokens/s of each arm per round (a round: every arm once, in the rotation's order, so
+    its windows are close in time)."""
+    count = len(set(w["arm"] for w in windows))
+    rounds: dict[int, dict[str, float]] = {}
+    for w in windows:
+        rounds.setdefault(w["index"] // count, {})[w["arm"]] = w["tokens_per_s"]
+    return [rounds[r] for r in sorted(rounds)]
+
+
+def median_interval(values: list[float], coverage: float = 0.95) -> Row:
+    """A distribution-free interval of the median: the order statistics x_(j)..x_(n+1-j) with
+    the largest j whose coverage (binomial, p = 1/2) is at least ``coverage``; with too few
+    values for that, min..max and the coverage it has (4 values: 87.5 %). Unlike the range, it
+    narrows as rounds are added."""
+    xs, n = sorted(values), len(values)
+
+    def covered(j: int) -> float:
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / 2.0**n
+
+    j = 1
+    while j < n // 2 and covered(j + 1) >= coverage:
+        j += 1
+    return {"low": round(xs[j - 1], 4), "high": round(xs[n - j], 4),
+            "coverage": round(covered(j), 3)}  # fmt: skip
+
+
+def paired(rounds: list[dict[str, float]], arm: str, against: str) -> Row:
+    """``arm``'s window over ``against``'s of the same round, per round: their median and
+    range. A slow drift of the machine (tens of seconds) moves both windows of a round alike
+    and cancels in the ratio; the range of the ratios is the noise that remains."""
+    ratios = [r[arm] / r[against] for r in rounds if arm in r and against in r]
+    if not ratios:
+        return {"ratios": [], "median_ratio": None, "spread_of_ratios": None,
+                "median_ratio_interval": None}  # fmt: skip
+    return {
+        "ratios": [round(v, 4) for v in ratios],
+        "median_ratio": round(statistics.median(ratios), 4),
+        "spread_of_ratios": round(max(ratios) - min(ratios), 4),
+        "median_ratio_interval": median_interval(ratios),
+    }
+
+
+def window_line(w: Row) -> Row:
+    """A window in run order: its round's place, arm, tokens/s, when it ran and the GPU then."""
+    times = {key: w[key] for key in ("started_utc", "ended_utc") if key in w}
+    return {"index": w["index"], "arm": w["arm"], "tokens_per_s": round(w["tokens_per_s"], 1),
+            **times, **({"gpu": w["gpu"]} if "gpu" in w else {})}  # fmt: skip
+
+
 def load_report(raw: Row, part: str) -> Row | None:
     windows = [w for w in raw["windows"] if w["part"] == f"{part}-arms"]
     if not windows:
@@ -72,17 +137,26 @@ def load_report(raw: Row, part: str) -> Row | None:
         arms[arm] = arm_summary([w for w in windows if w["arm"] == arm])
     fixed = {arm: arms[arm] for arm in FIXED if arm in arms}
     best = max(fixed, key=lambda arm: fixed[arm]["mean"])
+    rounds = by_round(windows)
+    planned_and_run = {"planned": raw["meta"].get("rounds"), "run": len(rounds)}
     for name, arm in arms.items():
         arm["loss_vs_best_fixed_k"] = round(1.0 - arm["mean"] / fixed[best]["mean"], 4)
         spread = max(arm["relative_range"] or 0.0, fixed[best]["relative_range"] or 0.0)
         arm["spread_judged_against"] = spread
         arm["loss_is_a_result"] = name != best and abs(arm["loss_vs_best_fixed_k"]) > spread
+        pair = paired(rounds, name, best)
+        loss = None if pair["median_ratio"] is None else round(1.0 - pair["median_ratio"], 4)
+        arm["paired"] = {"loss_vs_best_fixed_k": loss, **pair}
+        arm["loss_is_a_result_paired"] = (
+            name != best and loss is not None and abs(loss) > pair["spread_of_ratios"]
+        )
     convergence = [
         {
             "since_daemon_start_s": w.get("since_daemon_start_s"),
             "tokens_per_s": round(w["tokens_per_s"], 1),
             "mean_running": w["mean_running"],
             "table": w["view"]["table"] if w.get("view") else None,
+            **({"gpu": w["gpu"]} if "gpu" in w else {}),
         }
         for w in raw["windows"]
         if w["part"] == f"{part}-daemon"
@@ -97,6 +171,7 @@ def load_report(raw: Row, part: str) -> Row | None:
         f"k{k}": {
             "arms": names,
             "relative_range_of_means": relative_range([arms[n]["mean"] for n in names]),
+            "paired_against_the_first": {n: paired(rounds, n, names[0]) for n in names[1:]},
         }
         for k, names in single.items()
         if len(names) > 1
@@ -105,11 +180,13 @@ def load_report(raw: Row, part: str) -> Row | None:
     decisions = replay(raw, rates=rates, load=round(effective), part=f"{part}-daemon")
     return {
         "effective_batch": round(effective, 1),
+        "rounds": raw.get("rounds", {}).get(part, planned_and_run),
         "best_fixed_k": best,
         "k_mix": mix,
         "arms_running_one_and_the_same_k": alike,
         "arms": arms,
         "daemon_table": raw.get("daemon_tables", {}).get(part),
+        "windows": [window_line(w) for w in windows],
         "daemon_convergence": convergence,
         "replay_at_this_commit": {
             "note": "the daemon part's recorded step cells fed window by window into this "
@@ -195,10 +272,30 @@ def daemon_goal(shape: str, reports: list[Row]) -> Row:
                if "daemon" in r["arms"]]  # fmt: skip
     worst = max(losses, default=None)
     bound = 0.015 if shape == "decode-heavy" else 0.03
+    pairs = [r["arms"]["daemon"]["paired"] for r in reports if "daemon" in r["arms"]]
+    pairs = [p for p in pairs if p["loss_vs_best_fixed_k"] is not None]
+    worst_paired = max((p["loss_vs_best_fixed_k"] for p in pairs), default=None)
+    paired_spread = max((p["spread_of_ratios"] for p in pairs), default=None)
+    nulls = [abs(1.0 - pair["median_ratio"]) for r in reports
+             for group in r["arms_running_one_and_the_same_k"].values()
+             for pair in group["paired_against_the_first"].values()
+             if pair["median_ratio"] is not None]  # fmt: skip
     return {
         **goal(worst, f"<= {bound:.1%}", worst is not None and worst <= bound),
         "largest_same_arm_spread": max(spreads, default=None),
         "judgeable": bool(spreads) and max(spreads) < bound,
+        "paired": {
+            **goal(
+                worst_paired, f"<= {bound:.1%}", worst_paired is not None and worst_paired <= bound
+            ),
+            "note": "per load, the median over rounds of the daemon's window over the best "
+            "fixed k's window of the same round; judgeable when the largest range of those "
+            "ratios is below the bound; two arms running one and the same k should differ "
+            "by less than that too (largest_same_k_paired_difference, the null)",
+            "largest_spread_of_ratios": paired_spread,
+            "largest_same_k_paired_difference": round(max(nulls), 4) if nulls else None,
+            "judgeable": paired_spread is not None and paired_spread < bound,
+        },
     }
 
 
@@ -227,7 +324,22 @@ def nightjar_goal(reports: list[Row]) -> Row:
     }
 
 
-def report(raw: Row) -> Row:
+def with_clocks(raw: Row, clocks: Path, gpus: set[int] | None) -> Row:
+    """``raw``'s windows annotated in place with the GPU log's samples inside them; what was
+    read and how it was aligned."""
+    offset = (raw["meta"].get("gpu_clocks") or {}).get("utc_offset") or "+0000"
+    alignment = annotate(raw, read_clocks(clocks.read_text(), offset), gpus)
+    return {"path": clocks.name, "utc_offset": offset, **alignment}
+
+
+def clocks_beside(raw_path: Path, meta: Row) -> Path | None:
+    """The GPU log the job wrote beside its raw file (meta.gpu_clocks), when it is there."""
+    named = (meta.get("gpu_clocks") or {}).get("path")
+    path = raw_path.parent / named if named else None
+    return path if path is not None and path.is_file() else None
+
+
+def report(raw: Row, clocks: Row | None = None) -> Row:
     meta = raw["meta"]
     loads = {load["part"]: load_report(raw, load["part"]) for load in loads_of(meta)}
     shapes = {load["part"]: load["shape"] for load in loads_of(meta)}
@@ -248,6 +360,7 @@ def report(raw: Row) -> Row:
             "shape_change": shape_change_goal(change),
         },
         "shape_change": change,
+        "gpu_clocks": clocks,
         "errors": raw["errors"],
         "skipped": raw["skipped"],
         "durations_s": raw["durations_s"],
@@ -292,9 +405,24 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--name", default=None, help="eval_traffic_NAME_h200.json (default: "
                         "the --shape of the run)")  # fmt: skip
+    parser.add_argument("--gpu-clocks", default=None,
+                        help="the GPUs' once-a-second log (nvidia-smi CSV; default: the one the "
+                        "job wrote beside RAW, when there)")  # fmt: skip
+    parser.add_argument("--gpu-index", default=None,
+                        help="the job's GPU indices in that log, comma-separated (default: "
+                        "meta.gpu_clocks.job_gpus, else every GPU)")  # fmt: skip
     args = parser.parse_args()
     raw = json.loads(Path(args.raw).read_text())
-    result = report(raw)
+    clocks_path = Path(args.gpu_clocks) if args.gpu_clocks else clocks_beside(
+        Path(args.raw), raw["meta"])  # fmt: skip
+    clocks = None
+    if clocks_path is not None:
+        index = args.gpu_index or (raw["meta"].get("gpu_clocks") or {}).get("job_gpus")
+        try:
+            clocks = with_clocks(raw, clocks_path, job_gpus(index))
+        except (OSError, ValueError) as error:
+            parser.error(f"--gpu-clocks {clocks_path}: {error}")
+    result = report(raw, clocks)
     name = f"eval_traffic_{raw['meta']['shape'].replace('-', '_')}_h200.json"
     if args.name:
         name = f"eval_traffic_{args.name}_h200.json"

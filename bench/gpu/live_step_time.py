@@ -126,6 +126,11 @@ def window_row(
     }
 
 
+def utc_stamp() -> str:
+    """Now, UTC, ISO 8601 with milliseconds (what window rows record)."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
 def counters_snapshot(samples: Samples, *, requests_sent: int) -> Row:
     """Whole-run totals of the plugin and of vLLM (taken idle, after the last sync)."""
     cells, without = cells_from_samples(samples)
@@ -169,13 +174,16 @@ class Server:
         return dict(response.json())
 
     async def window(self, label: Row, seconds: float) -> Row:
-        before, start = await self.scrape(), time.monotonic()
+        """One window of ``seconds``; it records when it started and ended (UTC, ms), so
+        outside logs (the GPU's clocks) can be aligned with it."""
+        before, start, started = await self.scrape(), time.monotonic(), utc_stamp()
         running = []
         while (left := start + seconds - time.monotonic()) > 0:
             await asyncio.sleep(min(2.0, left))
             running.append(total(await self.scrape(), RUNNING))
-        after, wall = await self.scrape(), time.monotonic() - start
-        return window_row(label, before, after, wall, running, await self.view())
+        after, wall, ended = await self.scrape(), time.monotonic() - start, utc_stamp()
+        span = {**label, "started_utc": started, "ended_utc": ended}
+        return window_row(span, before, after, wall, running, await self.view())
 
     async def wait_idle(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -10,7 +10,8 @@
 #     .venv/bin/pip wheel --no-deps -w .gpu-bundle/p3/ .
 # Results under $OUT: live_step_time.json (meta, every window's raw row, the counters, summary),
 # live_step_time_h200.json (the report's goals), live_step_time_vllm_log.txt (log excerpt),
-# live_step_time_run_log.txt (this script's output). Then, here:
+# live_step_time_run_log.txt (this script's output), gpu_clocks.csv (where nvidia-smi exists:
+# every GPU once a second; meta.gpu_clocks names the job's GPUs). Then, here:
 #     .venv/bin/python bench/gpu/live_step_time_report.py live_step_time.json
 # writes bench/results/live_step_time_h200.json.
 #
@@ -72,6 +73,19 @@ ARGS=(--model "$MODELS/$TARGET" --served-model-name "$TARGET" --load-format dumm
       --speculative-config "$SPEC")
 (( TP > 1 )) && ARGS+=(--tensor-parallel-size "$TP")
 
+# The GPUs' clocks, power, temperature, utilization and throttle reasons once a second while
+# this runs (every GPU of the host; meta names the job's by CUDA_VISIBLE_DEVICES, which
+# two_gpus.sh sets), so a slow window can be told from a throttled or idle GPU
+# (eval_traffic_report.py reads it). Stopped by its own id at exit.
+CLOCKS=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active
+clocks_pid=
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu="$CLOCKS" --format=csv -l 1 >"$OUT/gpu_clocks.csv" 2>&1 &
+  clocks_pid=$!
+fi
+stop_clocks() { [[ -n $clocks_pid ]] && kill "$clocks_pid" 2>/dev/null; clocks_pid=; }
+trap stop_clocks EXIT
+
 # vLLM in its own process group, so it is stopped by its id.
 env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics VLLM_USE_V2_MODEL_RUNNER=1 \
   TABLETUNE_ADMIN_OPEN=loopback \
@@ -87,7 +101,7 @@ stop_vllm() {
       "$work/vllm.log" | head -80
     echo "----- last 30 lines -----"; tail -30 "$work/vllm.log"; } >"$OUT/live_step_time_vllm_log.txt"
 }
-trap stop_vllm EXIT
+trap 'stop_vllm; stop_clocks' EXIT
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 (( TP > 1 )) && gpu="$TP x $gpu"
@@ -100,9 +114,11 @@ print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, 
   "starting_table": json.loads(table), "synthetic_rates": json.loads(rates),
   "speculative_config": json.loads(spec), "vllm_args": args,
   "server_module": sys.argv[8],
-  "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "TABLETUNE_SYNC_INTERVAL_S": sys.argv[9]}}))' \
+  "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "TABLETUNE_SYNC_INTERVAL_S": sys.argv[9]},
+  "gpu_clocks": {"path": "gpu_clocks.csv", "job_gpus": sys.argv[13] or None,
+                 "utc_offset": sys.argv[14]} if sys.argv[12] else None}))' \
   "$gpu" "$engine" "$COMMIT" "$TABLE" "$RATES" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S" \
-  "$TARGET" "$TP")
+  "$TARGET" "$TP" "$clocks_pid" "${CUDA_VISIBLE_DEVICES:-}" "$(date +%z)")
 
 # The driver's budget: what is left of BUDGET_S, less ~25 s for stopping vLLM and the report.
 # It keeps to it (parts that no longer fit are skipped); `timeout` is the last resort, and the
@@ -116,6 +132,7 @@ timeout -s INT $((budget + 20)) python3 "$DRIVER" \
   --sync-interval-s "$SYNC_S" --model "$TARGET" ${DRIVER_ARGS:-}
 rc=$?
 stop_vllm
+stop_clocks
 trap - EXIT
 if [[ $REPORT != none ]]; then
   python3 "$REPORT" "$OUT/$name.json" --out "$OUT/${name}_h200.json" || { [ "$rc" -eq 0 ] && rc=3; }

@@ -6,6 +6,8 @@ daemon, the files where the job puts them."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,17 +24,56 @@ DRIVER_ARGS = (
 )
 
 
+# nvidia-smi on a host of two GPUs: its name, or its once-a-second log until stopped (its pid
+# written down, to see that the job stopped it); GPU 1 busier than GPU 0.
+FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
+case " $* " in
+  *" -l "*)
+    echo $$ >"$FAKE_NVIDIA_SMI_PID"
+    echo "timestamp, index, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], \
+temperature.gpu, utilization.gpu [%], clocks_event_reasons.active"
+    while :; do
+      now=$(date '+%Y/%m/%d %H:%M:%S.%3N')
+      echo "$now, 0, 345 MHz, 3201 MHz, 80.00 W, 30, 10 %, 0x0000000000000001"
+      echo "$now, 1, 1755 MHz, 3201 MHz, 650.00 W, 55, 90 %, 0x0000000000000004"
+      sleep 0.2
+    done ;;
+  *) echo "Fake H200, 0.0" ;;
+esac
+"""
+
+
+def fake_nvidia_smi(folder: Path) -> Path:
+    folder.mkdir()
+    tool = folder / "nvidia-smi"
+    tool.write_text(FAKE_NVIDIA_SMI)
+    tool.chmod(0o755)
+    return folder
+
+
 def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path) -> None:
+    out, tools = tmp_path / "out", fake_nvidia_smi(tmp_path / "bin")
     done = dry_run(
         "eval_traffic.sh",
-        tmp_path,
+        out,
         BUDGET_S="200",
         TABLETUNE_SYNC_INTERVAL_S="0.2",
         DRIVER_ARGS=DRIVER_ARGS,
+        PATH=f"{tools}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        CUDA_VISIBLE_DEVICES="1",
+        FAKE_NVIDIA_SMI_PID=str(tmp_path / "smi.pid"),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    raw = json.loads((tmp_path / "eval_traffic.json").read_text())
+    raw = json.loads((out / "eval_traffic.json").read_text())
     assert raw["errors"] == [] and raw["skipped"] == [] and raw["meta"]["commit"] == "dry-run"
+    assert list(raw["rounds"].values()) == [{"planned": 2, "run": 2}] * 3  # 2 loads, the change
+    # The GPU log: written while the job ran, its logger stopped by its id at the end.
+    assert raw["meta"]["gpu_clocks"]["job_gpus"] == "1"
+    assert len((out / "gpu_clocks.csv").read_text().splitlines()) > 10
+    logger = int((tmp_path / "smi.pid").read_text())
+    status = Path(f"/proc/{logger}/status")
+    assert not status.exists() or "zombie" in status.read_text()
+    assert all(w["started_utc"] < w["ended_utc"] for w in raw["windows"])
     parts = ["chat-like-B6", "decode-heavy-B4"]
     assert [load["part"] for load in raw["meta"]["loads"]] == parts
     for part in parts:
@@ -47,7 +88,11 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
         assert any(w["part"] == f"{part}-daemon" for w in raw["windows"])
         assert raw["daemon_tables"][part]  # the daemon's last table, run as the daemon arm
         assert any("daemon stopped" in line for line in raw["daemon_log_tails"][f"{part}-daemon"])
-    report = json.loads((tmp_path / "eval_traffic_h200.json").read_text())
+    report = json.loads((out / "eval_traffic_h200.json").read_text())
+    assert report["gpu_clocks"]["aligned"] == "recorded" and report["gpu_clocks"]["gpus"] == [1]
+    for load in report["loads"].values():  # GPU 1's samples alone
+        assert all(w["gpu"]["samples"] > 0 for w in load["windows"])
+        assert {w["gpu"]["utilization_pct"] for w in load["windows"]} == {90.0}
     assert set(report["loads"]) == set(parts)
     assert {"daemon_worst_load_loss_chat_like", "daemon_worst_load_loss_decode_heavy"} <= set(
         report["goals"]

@@ -3,10 +3,13 @@ capture_size_report.py on synthetic profiles."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,6 +34,7 @@ def driver() -> ModuleType:
 @pytest.fixture(scope="module")
 def report(driver: ModuleType) -> ModuleType:
     load_gpu_module("live_daemon_report")
+    load_gpu_module("gpu_clocks")
     return load_gpu_module("eval_traffic_report")
 
 
@@ -88,6 +92,11 @@ def window(part: str, arm: str, tokens_per_s: float, k: int, running: float = 19
 
 
 def raw_run(rows: list[dict[str, Any]], loads: list[Any]) -> dict[str, Any]:
+    """A run's JSON; each row's index is its place in its part, as the driver numbers them."""
+    places: dict[str, int] = {}
+    for row in rows:
+        row.setdefault("index", places.get(row["part"], 0))
+        places[row["part"]] = row["index"] + 1
     return {
         "meta": {
             "shape": "chat-like",
@@ -132,6 +141,48 @@ def test_losses_count_only_beyond_the_spread_and_same_k_arms_are_grouped(
     goal = result["goals"]["daemon_worst_load_loss_chat_like"]
     assert goal["pass"] is True and goal["judgeable"] is True
     assert result["goals"]["shape_change"]["pass"] is None
+
+
+def test_pairing_windows_of_one_round_cancels_a_slow_drift(report: ModuleType) -> None:
+    """The machine drifts by up to 20 % between rounds; the daemon runs 2 % below k3 in every
+    round: too small against the unpaired spread, a result against the paired one."""
+    part = "chat-like-B192"
+    rows = []
+    for r, drift in enumerate((1.0, 1.2, 0.85, 1.1, 0.95, 1.15)):
+        order = [("k1", 9000.0, 1), ("k3", 12000.0, 3), ("daemon", 11760.0, 3)]
+        for arm, tps, k in order if r % 2 == 0 else order[::-1]:
+            rows.append(window(f"{part}-arms", arm, tps * drift, k))
+    loads = [{"part": part, "shape": "chat-like", "clients": 192}]
+    load = report.report(raw_run(rows, loads))["loads"][part]
+    daemon = load["arms"]["daemon"]
+    assert daemon["loss_is_a_result"] is False  # 2 % inside the unpaired spread of ~35 %
+    assert daemon["paired"]["ratios"] == [0.98] * 6
+    assert daemon["paired"]["loss_vs_best_fixed_k"] == pytest.approx(0.02)
+    assert daemon["paired"]["spread_of_ratios"] == pytest.approx(0.0)
+    assert daemon["loss_is_a_result_paired"] is True
+    assert load["arms"]["k3"]["loss_is_a_result_paired"] is False  # the best against itself
+    null = load["arms_running_one_and_the_same_k"]["k3"]["paired_against_the_first"]["daemon"]
+    assert null["median_ratio"] == pytest.approx(0.98) and null["spread_of_ratios"] == 0.0
+    goal = report.report(raw_run(rows, loads))["goals"]["daemon_worst_load_loss_chat_like"]
+    assert goal["judgeable"] is False and goal["paired"]["judgeable"] is True
+    assert goal["paired"]["measured"] == pytest.approx(0.02) and goal["paired"]["pass"] is True
+    assert goal["paired"]["largest_same_k_paired_difference"] == pytest.approx(0.02)
+    assert load["rounds"] == {"planned": None, "run": 6}
+
+
+@given(values=st.lists(st.floats(0.5, 1.5), min_size=1, max_size=40))
+def test_the_median_interval_holds_the_median_and_covers_at_least_95_when_it_can(
+    report: ModuleType, values: list[float]
+) -> None:
+    interval = report.median_interval(values)
+    median = statistics.median(values)
+    assert interval["low"] - 1e-4 <= median <= interval["high"] + 1e-4
+    if len(values) >= 6:
+        assert interval["coverage"] >= 0.95
+    else:  # too few for 95 %: min..max and what it covers
+        assert (interval["low"], interval["high"]) == (round(min(values), 4),
+                                                       round(max(values), 4))  # fmt: skip
+        assert interval["coverage"] == round(1 - 2 / 2 ** len(values), 3)
 
 
 def test_runs_that_named_loads_by_clients_alone_still_report(report: ModuleType) -> None:
@@ -275,3 +326,66 @@ def test_a_bad_measured_table_file_is_a_one_line_error(tmp_path: Path) -> None:
     )
     assert done.returncode == 2 and "--measured-table" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "o.json").exists()
+
+
+# -- fitting the budget -------------------------------------------------------------------------
+
+
+@given(planned=st.integers(1, 40), per_round=st.floats(1, 100), fixed=st.floats(0, 200),
+       left=st.floats(0, 5000))  # fmt: skip
+def test_a_load_runs_its_plan_or_the_most_whole_pairs_that_fit(
+    driver: ModuleType, planned: int, per_round: float, fixed: float, left: float
+) -> None:
+    def needs(rounds: int) -> float:
+        return fixed + per_round * rounds
+
+    rounds = driver.rounds_that_fit(planned, needs, left)
+    if needs(planned) <= left:
+        assert rounds == planned
+    elif needs(2) > left or planned <= 2:
+        assert rounds == 0  # not even one pair (or the plan itself was at most one pair)
+    else:
+        assert rounds % 2 == 0 and 2 <= rounds < planned and needs(rounds) <= left
+        assert needs(rounds + 2) > left or rounds + 2 >= planned  # no larger pair fits
+
+
+RAW = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_raw"
+CHAT_B192_12S = RAW / "eval_traffic_chat_like_b192_12s_h200_20261130T2359Z.json"
+
+
+def run_of(driver: ModuleType, meta: dict[str, Any]) -> Any:
+    args = argparse.Namespace(
+        base="http://stand-in", budget_s=500, shape=meta["shape"], arms=",".join(meta["arms"]),
+        rounds=meta["rounds"], window_s=meta["window_s"], settle_s=meta["settle_s"],
+        warmup_s=6.0, daemon_s=meta["daemon"]["run_s"],
+        nightjar_learn_s=meta["nightjar"]["learn_s"],
+    )  # fmt: skip
+    return driver.Run(args, {})
+
+
+def test_the_time_estimate_covers_the_recorded_launch_closely(driver: ModuleType) -> None:
+    """The H200 launch of 2026-11-30 (chat-like B=192, 5 arms, 12 s windows, 4 rounds) took
+    378.8 s; the old estimate said 405 s and the next launches skipped the load for it."""
+    raw = json.loads(CHAT_B192_12S.read_text())
+    needed = run_of(driver, raw["meta"]).load_needs_s(raw["meta"]["rounds"])
+    took = raw["durations_s"]["chat-like-B192"]
+    assert took <= needed <= 1.05 * took
+
+
+def test_a_load_that_does_not_fit_runs_fewer_pairs_and_records_it(driver: ModuleType) -> None:
+    raw = json.loads(CHAT_B192_12S.read_text())
+    live = run_of(driver, raw["meta"])
+    live.deadline = time.monotonic() + 374.7  # what was left in the lost launch
+    ran: list[int] = []
+
+    async def body(rounds: int) -> None:
+        ran.append(rounds)
+
+    live.result = {"skipped": [], "durations_s": {}, "errors": []}
+    live.save = lambda: None
+    asyncio.run(live.fitted_part("chat-like-B192", live.load_needs_s, body))
+    assert ran == [2] and live.result["rounds"]["chat-like-B192"] == {"planned": 4, "run": 2}
+    live.deadline = time.monotonic() + 100  # not even one pair
+    asyncio.run(live.fitted_part("chat-like-B64", live.load_needs_s, body))
+    assert ran == [2] and live.result["rounds"]["chat-like-B64"] == {"planned": 4, "run": 0}
+    assert live.result["skipped"][0]["part"] == "chat-like-B64"

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import itertools
 import json
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -118,6 +121,25 @@ def test_the_counters_snapshot_separates_drafting_steps(driver: ModuleType) -> N
     assert snapshot["plugin_requests_in_k_steps"] == 12_500
     assert snapshot["plugin_draft_slots"] == 3 * 12_500
     assert snapshot["vllm"]["vllm:iteration_tokens_total_count"] == 112
+
+
+def test_a_window_records_when_it_started_and_ended_in_utc_with_milliseconds(
+    driver: ModuleType,
+) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text="vllm:generation_tokens_total 10.0\n")
+        return httpx.Response(200, json={"table": [[1, 256, 3]]})
+
+    server = driver.Server("http://stand-in")
+    server._http = httpx.AsyncClient(base_url="http://stand-in",
+                                     transport=httpx.MockTransport(answer))  # fmt: skip
+    row = asyncio.run(server.window({"part": "p", "arm": "k3", "index": 0}, 0.0))
+    started, ended = (datetime.fromisoformat(row[key]) for key in ("started_utc", "ended_utc"))
+    assert started.utcoffset() == timedelta(0) and started <= ended
+    stamps = (row["started_utc"], row["ended_utc"])
+    assert all(len(stamp.split(".")[1]) == len("000+00:00") for stamp in stamps)
+    assert row["view"] == {"table": [[1, 256, 3]]} and row["arm"] == "k3"
 
 
 @given(rounds=st.integers(min_value=1, max_value=12))
