@@ -113,6 +113,43 @@ def per_event(seconds: float | None, count: int) -> float | None:
     return None if seconds is None or not count else 1000 * seconds / count
 
 
+def _starts_first_windows(windows: Sequence[Window]) -> list[Window]:
+    """The first window after each start (requests added or started over): the grid's first,
+    and each one at another batch size or a lower context than the window before."""
+    return windows[:1] + [
+        b
+        for a, b in itertools.pairwise(windows)
+        if a["batch_size"] != b["batch_size"] or b["context_tokens"] < a["context_tokens"]
+    ]
+
+
+def savings(windows: Sequence[Window], analysis: dict[str, Any]) -> dict[str, Any]:
+    """What the profiler's changes of this branch would have saved on a grid measured before
+    them (an estimate from its raw windows; meaningless for a grid measured after them):
+
+    - ``first_read_from_the_cell``: over-planned windows close within a step of their last;
+    - ``k_set_before_sending``: the window after a start needs no switch: its uncounted steps
+      (the mean between windows) go, less a k switch's round trip (still paid while requests
+      are added, before the send);
+    - ``settle_from_the_send_reading``: one read fewer per start (at most its round trip)."""
+    steps = analysis["window_steps"]
+    over = [w for w in windows if w["steps"] >= OVER_PLANNED * steps]
+    over_s = sum((w["steps"] - steps - 1) * w["seconds"] / w["steps"] for w in over)
+    gap_steps = analysis["between_windows"].get("steps_per_window", 0.0)
+    switch_ms = analysis["k_switches"]["ms_per_switch"] or 0.0
+    firsts = _starts_first_windows(windows)
+    before_sending_s = sum(max(0.0, gap_steps * w["step_ms"] - switch_ms) / 1000 for w in firsts)
+    read_ms = analysis["reads"]["ms_per_read"] or 0.0
+    starts = (analysis["starts"]["fresh_starts"] or 0) + (analysis["starts"]["adds"] or 0)
+    out = {
+        "first_read_from_the_cell_s": over_s,
+        "k_set_before_sending_s": before_sending_s,
+        "starts_seen": len(firsts),
+        "settle_from_the_send_reading_s": starts * read_ms / 1000,
+    }
+    return out | {"total_s": sum(v for k, v in out.items() if k.endswith("_s"))}
+
+
 def analyse(raw: dict[str, Any], summary: dict[str, Any] | None, window_steps: int) -> Any:
     windows: list[Window] = raw["windows"]
     wall: dict[str, float] = raw["metadata"].get("wall_time_s") or {}
@@ -170,7 +207,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.raw.name.replace(".raw.json", ".summary.json")
     )
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    result = {"raw": str(args.raw), **analyse(raw, summary, args.window_steps)}
+    analysis = analyse(raw, summary, args.window_steps)
+    result = {"raw": str(args.raw), **analysis}
+    if not any(w.get("engine_steps") is not None for w in raw["windows"]):  # measured before
+        result["estimated_savings_of_branch_gridfill"] = savings(raw["windows"], analysis)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out is not None:

@@ -153,15 +153,17 @@ class InFlightMeasurer:
             if not self._idle_since_change:  # a gap across an idle engine is no sync interval
                 self._sync_gaps.append(now - self._changed_at)
             if self.events["reads"] > 1:  # the first one holds every step since the start
-                self._note_step_time(reading.since(self._read_last))
+                self._note_step_time(reading, self._read_last)
             self._changed_at, self._read_last = now, reading
             self._idle_since_change = False
         return reading
 
-    def _note_step_time(self, steps: StepReading) -> None:
-        timed = sum(t.steps for t in steps.cells.values())
+    def _note_step_time(self, reading: StepReading, earlier: StepReading) -> None:
+        """From the totals' difference, not cell by cell: this runs between a window's last
+        read and the next k switch, and the window's own ``since`` checks the counters."""
+        timed = _sum_steps(reading) - _sum_steps(earlier)
         if timed > 0:
-            self._step_times.append(sum(t.seconds for t in steps.cells.values()) / timed)
+            self._step_times.append((_sum_seconds(reading) - _sum_seconds(earlier)) / timed)
 
     @property
     def _step_s(self) -> float:
@@ -290,13 +292,16 @@ class InFlightMeasurer:
             return True
         return totals.steps >= self._in.min_window_steps and totals.seconds >= self._in.window_max_s
 
-    def _fill(self, batch: int, k: int, before: StepReading, *, switched: bool) -> StepReading:
+    def _fill(
+        self, batch: int, k: int, before: StepReading, *, switched: bool
+    ) -> tuple[StepReading, StepReading]:
+        """The reading that closes a window, and the window (its increase over ``before``)."""
         with self._phase("fill"):
             return self._fill_window(batch, k, before, switched=switched)
 
     def _fill_window(
         self, batch: int, k: int, before: StepReading, *, switched: bool
-    ) -> StepReading:
+    ) -> tuple[StepReading, StepReading]:
         deadline = self._clock() + self._in.window_timeout_s
         totals = CellTotals()
         while self._clock() < deadline:
@@ -306,9 +311,9 @@ class InFlightMeasurer:
             totals = window_totals(window, batch, k, stream=self._stream)
             if self._full(totals):
                 self._step_at_k[k] = self._step_at[(batch, k)] = totals.mean_s
-                return reading
+                return reading, window
             if window_broken(window, batch, k, stream=self._stream):
-                return reading  # no use waiting: the caller sees the problem
+                return reading, window  # no use waiting: the caller sees the problem
         raise MeasurementError(
             f"B={batch} k={k}: fewer than {self._in.min_window_steps} steps within "
             f"{self._in.window_timeout_s:.0f}s: is the engine running the requests?"
@@ -337,9 +342,8 @@ class InFlightMeasurer:
             before = self._last
             switched = self._set_k(k)
             reads = self.events["reads"]
-            after = self._fill(batch, k, before, switched=switched)
+            after, window = self._fill(batch, k, before, switched=switched)
             self._last = after
-            window = after.since(before)
             found = window_problem(window, batch, k, stream=self._stream)
             if found is None:
                 reads = self.events["reads"] - reads
@@ -395,7 +399,7 @@ class InFlightMeasurer:
                 self._hold(batch, k)
                 before = self._last
                 switched = self._set_k(k)
-                self._last = self._fill(batch, k, before, switched=switched)
+                self._last, _ = self._fill(batch, k, before, switched=switched)
 
     def _cells(self, cells: Sequence[CellKey], round_: int) -> dict[CellKey, list[float]]:
         """``repeats`` windows of each cell, batch sizes in increasing order, k interleaved."""
@@ -432,6 +436,14 @@ class InFlightMeasurer:
         result.refused = list(self.refused)
         result.events = dict(self.events)
         return result
+
+
+def _sum_steps(reading: StepReading) -> float:
+    return sum(t.steps for t in reading.cells.values())
+
+
+def _sum_seconds(reading: StepReading) -> float:
+    return sum(t.seconds for t in reading.cells.values())
 
 
 def details_of(windows: Sequence[WindowSample]) -> CellDetails:
