@@ -208,7 +208,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     analysis = analyse(raw, summary, args.window_steps)
-    result = {"raw": str(args.raw), **analysis}
+    result = {
+        "what": "where an in-flight grid's time went, from its raw windows and summary "
+        "(bench/grid_overheads.py); steps between windows estimated from contexts where the "
+        "raw file has no per-window engine_steps",
+        "command": f"python bench/grid_overheads.py {args.raw}",
+        "raw": str(args.raw),
+        **analysis,
+    }
     if not any(w.get("engine_steps") is not None for w in raw["windows"]):  # measured before
         result["estimated_savings_of_branch_gridfill"] = savings(raw["windows"], analysis)
     text = json.dumps(result, indent=1)
