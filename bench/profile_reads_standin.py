@@ -1,20 +1,31 @@
-"""Where the fast profiler's in-flight grid spends its time when it reads the step cells through
-the admin API's step-cells route (as of the engine's last step) versus through /metrics (as of
-the plugin's last sync, an older plugin), on the CPU stand-in for vLLM + the plugin
-(tests/support/vllm_stand_in.py): bench/gpu/profile_fast.sh's dry run, twice, same code, the
-stand-in without the route the second time (STAND_IN_OLD_PLUGIN=1).
+"""Where the fast profiler's in-flight grid spends its time on the CPU stand-in for vLLM + the
+plugin (tests/support/vllm_stand_in.py), bench/gpu/profile_fast.sh's dry run, in three variants
+run interleaved (the order rotated every round) and repeated (ROUNDS rounds, two grids each):
+
+  before   the profiler of BEFORE (main when branch gridfill started), reading the step cells
+           through the step-cells route
+  after    this checkout's profiler, through the route (k set before requests are sent, first
+           reads planned from the cell's previous window)
+  metrics  this checkout's profiler on a stand-in without the route (STAND_IN_OLD_PLUGIN=1:
+           an older plugin; the profiler reads /metrics, as of the plugin's last sync)
+
+Same stand-in, same driver, same grid; only the profiler's source differs between before and
+after (BEFORE's src/ from git, first on PYTHONPATH).
 
 A stand-in on a shared CPU: its steps are asyncio sleeps of a few ms on the event loop that
-also serves the reads, so the numbers show where the wait went (reads, window ends, idle
-waits), not what an H200 takes. Writes bench/results/profile_fast_reads_standin.json.
+also serves the reads, and it answers a read or a k switch at once, not between two steps as
+vLLM does; the numbers show where the wait went (reads, window ends, idle waits), not what an
+H200 takes. Writes bench/results/profile_fast_reads_standin.json.
 
-    .venv/bin/python bench/profile_reads_standin.py
+    .venv/bin/python bench/profile_reads_standin.py [--rounds 2]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -34,7 +45,9 @@ DRIVER_ARGS = (  # as tests/integration/test_profile_fast_dry_run.py
     "--max-num-seqs 8 --dense-until 4 --grid-step 4 --cross-check 1,8 "
     "--acceptance-prompts 32 --acceptance-tokens 64"
 )
-VARIANTS = {"route": "0", "metrics": "1"}  # the value of STAND_IN_OLD_PLUGIN
+BEFORE = "c1e20a5"  # main when branch gridfill started
+VARIANTS = ("before", "after", "metrics")
+RUNS = ("run1", "run2")
 
 
 def grid_breakdown(out: Path, run: str) -> dict[str, Any]:
@@ -60,41 +73,79 @@ def grid_breakdown(out: Path, run: str) -> dict[str, Any]:
     }
 
 
+def source_of(commit: str, folder: Path) -> Path:
+    """``commit``'s src/ under ``folder`` (from git: the worktree stays as it is)."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder / "src"
+
+
+def one_launch(variant: str, before_src: Path) -> dict[str, Any]:
+    src = before_src if variant == "before" else ROOT / "src"
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        done = dry_run(
+            "profile_fast.sh",
+            out,
+            BUDGET_S="200",
+            DRIVER_ARGS=DRIVER_ARGS,
+            WARM_START="1",
+            WARM_NEEDS_S="60",
+            PYTHONPATH=f"{src}:{ROOT}",
+            **{OLD_PLUGIN_ENV: "1" if variant == "metrics" else "0"},
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"{variant}: the dry run failed:\n{done.stdout[-3000:]}")
+        return {run: grid_breakdown(out, run) for run in RUNS}
+
+
+def medians(launches: list[dict[str, Any]]) -> dict[str, float]:
+    grids = [launch[run] for launch in launches for run in RUNS]
+    return {
+        "timing_s": statistics.median(g["timing_s"] for g in grids),
+        "reads_per_window": statistics.median(g["reads_per_window"] for g in grids),
+        "fill_ms_per_window": statistics.median(g["fill_ms_per_window"] for g in grids),
+        "settle_s": statistics.median(g["phases_s"]["settle"] for g in grids),
+        "k_switches": statistics.median(g["events"]["k_switches"] for g in grids),
+    }
+
+
 def main() -> None:
-    results: dict[str, Any] = {}
-    for name, old_plugin in VARIANTS.items():
-        with tempfile.TemporaryDirectory() as folder:
-            out = Path(folder)
-            done = dry_run(
-                "profile_fast.sh",
-                out,
-                BUDGET_S="200",
-                DRIVER_ARGS=DRIVER_ARGS,
-                WARM_START="1",
-                WARM_NEEDS_S="60",
-                **{OLD_PLUGIN_ENV: old_plugin},
-            )
-            if done.returncode != 0:
-                raise SystemExit(f"{name}: the dry run failed:\n{done.stdout[-3000:]}")
-            results[name] = {run: grid_breakdown(out, run) for run in ("run1", "run2")}
-    route, metrics = results["route"], results["metrics"]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    launches: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    order: list[str] = []
+    with tempfile.TemporaryDirectory() as folder:
+        before_src = source_of(BEFORE, Path(folder))
+        for round_ in range(args.rounds):
+            for i in range(len(VARIANTS)):
+                variant = VARIANTS[(round_ + i) % len(VARIANTS)]
+                order.append(variant)
+                launches[variant].append(one_launch(variant, before_src))
+    summary = {v: medians(runs) for v, runs in launches.items()}
     payload = {
-        "what": "fast profiler, in-flight grid: step cells read through the step-cells route vs "
-        "/metrics, on the CPU stand-in for vLLM + the plugin (bench/profile_reads_standin.py). "
+        "what": "fast profiler, in-flight grid on the CPU stand-in for vLLM + the plugin "
+        f"(bench/profile_reads_standin.py): the profiler of {BEFORE} (before) vs this "
+        "branch's (after), both reading step cells through the step-cells route, and this "
+        "branch's through /metrics (an older plugin); interleaved, each launch two grids. "
         "A STAND-IN, NOT A GPU MEASUREMENT: its steps are asyncio sleeps of 2-11 ms on the "
-        "event loop that also answers the reads",
-        "command": ".venv/bin/python bench/profile_reads_standin.py",
+        "event loop that also answers the reads, and reads and k switches are answered at "
+        "once, not between two steps",
+        "command": f".venv/bin/python bench/profile_reads_standin.py --rounds {args.rounds}",
         **environment(engine_version="stand-in (tests/support/vllm_stand_in.py)"),
         "grid": "B in 1,2,3,4,8 x k in 0..3, 3 windows per cell, window_steps 8 ("
         + DRIVER_ARGS
         + ")",
-        "route": route,
-        "metrics": metrics,
-        "timing_ratio_route_over_metrics": {
-            run: route[run]["timing_s"] / metrics[run]["timing_s"] for run in ("run1", "run2")
-        },
+        "before_commit": BEFORE,
+        "launch_order": order,
+        "median_over_grids": summary,
+        "after_over_before_timing": summary["after"]["timing_s"] / summary["before"]["timing_s"],
+        "launches": launches,
     }
-    print(json.dumps(payload["timing_ratio_route_over_metrics"]))
+    print(json.dumps(summary, indent=1))
     print(write_result("profile_fast_reads_standin", payload))
 
 

@@ -7,9 +7,12 @@ the latter ending windows within a step of their last."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tabletune.profiler.errors import MeasurementError
 from tabletune.profiler.inflight import PHASES, READING, InFlightMeasurer
@@ -19,9 +22,11 @@ from tabletune.profiler.inflight_plan import (
     k_orders,
     next_action,
     output_tokens,
+    planning_step_s,
     wait_for_window,
 )
 from tabletune.profiler.progress import QuietReporter
+from tabletune.profiler.prompts import Prompt
 from tabletune.profiler.records import WindowSample
 from tabletune.profiler.settings import InFlightSettings, TimingSettings
 from tabletune.profiler.step_reading import StepReading
@@ -195,8 +200,10 @@ def test_a_lone_disturbance_is_re_measured_and_a_real_jump_is_flagged_noisy(fres
 def test_jittered_steps_give_medians_near_the_truth(fresh: bool) -> None:
     engine = SteppingEngine(jitter=0.2, fresh=fresh)
     result = measurer(engine).measure((4, 16), (0, 3))
+    # steps uniform within +-20 % (sd 11.5 %): an 8-step mean is within ~4 %, the median of 3
+    # windows ~3.5 %; 10 % is ~3 sd (over 30 seeds the worst cell was 8.7 % off, either way)
     for (b, k), samples in result.samples.items():
-        assert sorted(samples)[1] == pytest.approx(linear_ms(b, k), rel=0.06)
+        assert sorted(samples)[1] == pytest.approx(linear_ms(b, k), rel=0.10)
 
 
 @READINGS
@@ -268,14 +275,123 @@ def test_fresh_readings_see_the_engine_stop_within_a_few_steps() -> None:
 def test_the_first_window_plan_waits_for_the_switch_and_then_for_what_is_left() -> None:
     settings = replace(IN_FLIGHT, window_steps=8, min_window_steps=4, window_max_s=0.25)
     # before its first step: 8 steps and the switch's 2, less half a step, at the latest step
-    assert wait_for_window(CellTotals(), step_s=0.01, settings=settings) == pytest.approx(0.095)
+    first = wait_for_window(CellTotals(), step_s=0.01, settings=settings, switched=True)
+    assert first == pytest.approx(0.095)
+    # no switch before it (k was set before the requests were sent): no switch steps to wait for
+    unswitched = wait_for_window(CellTotals(), step_s=0.01, settings=settings, switched=False)
+    assert unswitched == pytest.approx(0.075)
     # 5 of 8 steps of 20 ms: 2.5 steps more at its own mean
     five = CellTotals(steps=5, seconds=0.1)
-    assert wait_for_window(five, step_s=0.01, settings=settings) == pytest.approx(0.05)
+    assert wait_for_window(five, step_s=0.01, settings=settings, switched=True) == pytest.approx(
+        0.05
+    )
     # slow steps: 4 steps reach window_max_s, so the window ends there
     slow = CellTotals(steps=2, seconds=0.2)
-    assert wait_for_window(slow, step_s=0.01, settings=settings) == pytest.approx(0.15)
+    assert wait_for_window(slow, step_s=0.01, settings=settings, switched=True) == pytest.approx(
+        0.15
+    )
     # nothing known yet, or only the last step left: never below poll_s
-    assert wait_for_window(CellTotals(), step_s=0.0, settings=settings) == settings.poll_s
+    unknown = wait_for_window(CellTotals(), step_s=0.0, settings=settings, switched=True)
+    assert unknown == settings.poll_s
     tiny = CellTotals(steps=7, seconds=0.0007)
-    assert wait_for_window(tiny, step_s=0.01, settings=settings) == settings.poll_s
+    assert wait_for_window(tiny, step_s=0.01, settings=settings, switched=True) == settings.poll_s
+
+
+def test_the_first_read_is_planned_from_the_cell_itself_else_the_fastest_guess() -> None:
+    # the cell's own latest window, whatever else was seen
+    assert planning_step_s(cell_s=0.005, k_s=0.030, latest_s=0.004) == 0.005
+    # a new batch size: the lower of k's latest window (another B) and the latest steps seen
+    # (too low costs one more read, too high lets the window run on for many steps)
+    assert planning_step_s(cell_s=None, k_s=0.030, latest_s=0.005) == 0.005
+    assert planning_step_s(cell_s=None, k_s=0.004, latest_s=0.005) == 0.004
+    assert planning_step_s(cell_s=None, k_s=None, latest_s=0.005) == 0.005
+    assert planning_step_s(cell_s=None, k_s=0.004, latest_s=0.0) == 0.004  # 0: none seen
+    assert planning_step_s(cell_s=None, k_s=None, latest_s=0.0) == 0.0
+
+
+@given(
+    cell=st.one_of(st.none(), st.floats(1e-4, 1.0)),
+    at_k=st.one_of(st.none(), st.floats(1e-4, 1.0)),
+    latest=st.one_of(st.just(0.0), st.floats(1e-4, 1.0)),
+)
+def test_the_planning_step_time_never_exceeds_what_was_seen(
+    cell: float | None, at_k: float | None, latest: float
+) -> None:
+    planned = planning_step_s(cell_s=cell, k_s=at_k, latest_s=latest)
+    if cell is not None:
+        assert planned == cell
+    else:
+        seen = [s for s in (at_k, latest) if s]
+        assert planned == (min(seen) if seen else 0.0)
+
+
+def test_a_slow_cell_does_not_stretch_the_first_window_of_the_next_batch_size() -> None:
+    """k=0 at B=3 runs 8x its neighbours (no CUDA graph): B=4's first window at k=0 is still
+    read near its 8th step, not after as many steps as 8 of B=3's would last."""
+
+    def jump(b: int, k: int) -> float:
+        return 40.0 if (b, k) == (3, 0) else linear_ms(b, k)
+
+    engine = SteppingEngine(step_ms=jump, fresh=True)
+    windows: list[WindowSample] = []
+    measurer(engine, windows=windows).measure((2, 3, 4), KS)
+    assert all(w.steps <= IN_FLIGHT.window_steps + 1 for w in windows if w.batch_size == 4)
+
+
+def test_k_is_set_before_requests_are_sent_so_the_next_window_needs_no_switch() -> None:
+    """Starting over or adding requests happens at the next window's k: the settling steps run
+    at it, and that window begins right after them, no switch steps in between."""
+    engine = SteppingEngine(fresh=True)
+    events: list[tuple[str, int]] = []
+    put, send = engine.set_k_everywhere, engine.send
+
+    def logged_put(k: int, max_num_seqs: int) -> None:
+        events.append(("put", k))
+        put(k, max_num_seqs)
+
+    def logged_send(prompts: Sequence[Prompt], *, max_tokens: int) -> None:
+        events.append(("send", engine.k))
+        send(prompts, max_tokens=max_tokens)
+
+    engine.set_k_everywhere = logged_put  # type: ignore[method-assign]
+    engine.send = logged_send  # type: ignore[method-assign]
+    windows: list[WindowSample] = []
+
+    def on_window(w: WindowSample) -> None:
+        windows.append(w)
+        events.append(("window", w.k))
+
+    m = InFlightMeasurer(
+        engine,
+        engine,
+        settings=replace(TIMING, warmup_batches=()),
+        in_flight=replace(IN_FLIGHT, max_context=128),
+        max_num_seqs=64,
+        reporter=QuietReporter(),
+        on_window=on_window,
+        clock=engine.clock,
+        sleep=engine.sleep,
+    )
+    m.measure((1, 2, 3, 4), KS)
+    sends = [i for i, (what, _) in enumerate(events) if what == "send"]
+    assert m.fresh_starts >= 2 and len(sends) >= 4
+    for i in sends:
+        after = next(e for e in events[i + 1 :] if e[0] != "send")
+        assert after == ("window", events[i][1])  # no put between: sent at the window's k
+    # such a window holds every step since the settled reading: none went to a switch
+    first = [w for w in windows if w.engine_steps == w.steps]
+    assert len(first) >= len(sends)
+
+
+def test_each_window_records_its_reads_engine_steps_and_wall_time() -> None:
+    engine = SteppingEngine(fresh=True)
+    windows: list[WindowSample] = []
+    m = measurer(engine, windows=windows)
+    result = m.measure(GRID, KS)
+    for w in windows:
+        assert w.reads is not None and w.reads >= 1
+        assert w.engine_steps is not None and w.engine_steps >= w.steps
+        assert w.wall_s is not None and w.wall_s >= w.seconds
+        # uncounted: the old k's step still running, the one verifying its drafts, the switch
+        assert w.engine_steps - w.steps <= 3
+    assert sum(w.reads or 0 for w in windows) <= result.events["reads"]

@@ -35,6 +35,7 @@ from tabletune.profiler.inflight_plan import (
     k_orders,
     next_action,
     output_tokens,
+    planning_step_s,
     wait_for_window,
 )
 from tabletune.profiler.measure import TimingResult, remeasure
@@ -113,6 +114,7 @@ class InFlightMeasurer:
         self._sync_gaps: deque[float] = deque([in_flight.sync_interval_s], maxlen=8)
         self._step_times: deque[float] = deque(maxlen=8)
         self._step_at_k: dict[int, float] = {}  # the latest window's mean step time at each k
+        self._step_at: dict[CellKey, float] = {}  # ... and at each (B, k)
         self._fresh = False
         self._idle_since_change = False
         self._windows: dict[CellKey, list[WindowSample]] = {}
@@ -151,15 +153,17 @@ class InFlightMeasurer:
             if not self._idle_since_change:  # a gap across an idle engine is no sync interval
                 self._sync_gaps.append(now - self._changed_at)
             if self.events["reads"] > 1:  # the first one holds every step since the start
-                self._note_step_time(reading.since(self._read_last))
+                self._note_step_time(reading, self._read_last)
             self._changed_at, self._read_last = now, reading
             self._idle_since_change = False
         return reading
 
-    def _note_step_time(self, steps: StepReading) -> None:
-        timed = sum(t.steps for t in steps.cells.values())
+    def _note_step_time(self, reading: StepReading, earlier: StepReading) -> None:
+        """From the totals' difference, not cell by cell: this runs between a window's last
+        read and the next k switch, and the window's own ``since`` checks the counters."""
+        timed = _sum_steps(reading) - _sum_steps(earlier)
         if timed > 0:
-            self._step_times.append(sum(t.seconds for t in steps.cells.values()) / timed)
+            self._step_times.append((_sum_seconds(reading) - _sum_seconds(earlier)) / timed)
 
     @property
     def _step_s(self) -> float:
@@ -204,25 +208,33 @@ class InFlightMeasurer:
             "stopped: is other traffic running?"
         )
 
-    def _set_k(self, k: int) -> None:
-        if k != self._k:
-            with self._phase("k_switch"):
-                self._engine.set_k_everywhere(k, self._max)
-            self._k = k
-            self.events["k_switches"] += 1
+    def _set_k(self, k: int) -> bool:
+        """Set k at every batch size; whether it changed (steps at the old k, and a switch
+        step, come before the first step at the new one)."""
+        if k == self._k:
+            return False
+        with self._phase("k_switch"):
+            self._engine.set_k_everywhere(k, self._max)
+        self._k = k
+        self.events["k_switches"] += 1
+        return True
 
     # -- holding B requests ------------------------------------------------------------------
-    def _send(self, count: int) -> None:
+    def _send(self, count: int) -> StepReading:
+        """Send ``count`` requests; the reading taken just before (settling starts from it)."""
         prompt = self._settings.prompt_tokens
-        sent_at = self._read().engine_steps
+        sent_from = self._read()
         self._traffic.send(
             self._prompts.take(count),
             max_tokens=output_tokens(prompt, self._in.max_context),
         )
-        self._holding = self._holding.with_group(Group(count, prompt, sent_at))
+        self._holding = self._holding.with_group(Group(count, prompt, sent_from.engine_steps))
+        return sent_from
 
-    def _hold(self, batch: int) -> None:
-        """Exactly ``batch`` requests decoding, and a reading taken while they were."""
+    def _hold(self, batch: int, k: int) -> None:
+        """Exactly ``batch`` requests decoding at ``k``, and a reading taken while they were.
+        k is set before requests are sent: the settling steps run at it, so the window that
+        follows starts from the settled reading with no switch in between."""
         action = next_action(
             self._holding,
             batch,
@@ -235,12 +247,13 @@ class InFlightMeasurer:
         if action == "fresh":
             with self._phase("stop"):
                 self._stop()
+        self._set_k(k)
         self.events["fresh_starts" if action == "fresh" else "adds"] += 1
         with self._phase("settle"):
-            self._send(batch - self._holding.running)
+            sent_from = self._send(batch - self._holding.running)
             if self._in.prefill_stream is not None:
                 self._traffic.start_stream(self._in.prefill_stream)
-            self._settle(batch)
+            self._settle(batch, sent_from)
 
     def _stop(self) -> None:
         """Stop every request (and the prefill stream) and wait for the engine to go idle."""
@@ -249,14 +262,13 @@ class InFlightMeasurer:
         self._holding = Holding()
         self._wait_idle()
 
-    def _settle(self, batch: int) -> None:
-        """Wait for a window (between two readings that differ) of steps that are ``batch``
-        requests decoding at the current k: every request sent is in and past its prefill.
-        (Going up, the ones kept are fewer than ``batch``; starting over, the stopped ones are
-        gone.)"""
+    def _settle(self, batch: int, previous: StepReading) -> None:
+        """Wait for a window (between two readings that differ, the first one ``previous``) of
+        steps that are ``batch`` requests decoding at the current k: every request sent is in
+        and past its prefill. (Going up, the ones kept are fewer than ``batch``; starting over,
+        the stopped ones are gone.)"""
         assert self._k is not None
         deadline = self._clock() + self._in.window_timeout_s
-        previous = self._read()
         problem = "no step yet"
         while self._clock() < deadline:
             self._sleep(self._poll_s())
@@ -280,51 +292,62 @@ class InFlightMeasurer:
             return True
         return totals.steps >= self._in.min_window_steps and totals.seconds >= self._in.window_max_s
 
-    def _fill(self, batch: int, k: int, before: StepReading) -> StepReading:
+    def _fill(
+        self, batch: int, k: int, before: StepReading, *, switched: bool
+    ) -> tuple[StepReading, StepReading]:
+        """The reading that closes a window, and the window (its increase over ``before``)."""
         with self._phase("fill"):
-            return self._fill_window(batch, k, before)
+            return self._fill_window(batch, k, before, switched=switched)
 
-    def _fill_window(self, batch: int, k: int, before: StepReading) -> StepReading:
+    def _fill_window(
+        self, batch: int, k: int, before: StepReading, *, switched: bool
+    ) -> tuple[StepReading, StepReading]:
         deadline = self._clock() + self._in.window_timeout_s
         totals = CellTotals()
         while self._clock() < deadline:
-            self._sleep(self._next_read_in(k, totals))
+            self._sleep(self._next_read_in(batch, k, totals, switched=switched))
             reading = self._read()
             window = reading.since(before)
             totals = window_totals(window, batch, k, stream=self._stream)
             if self._full(totals):
-                self._step_at_k[k] = totals.mean_s
-                return reading
+                self._step_at_k[k] = self._step_at[(batch, k)] = totals.mean_s
+                return reading, window
             if window_broken(window, batch, k, stream=self._stream):
-                return reading  # no use waiting: the caller sees the problem
+                return reading, window  # no use waiting: the caller sees the problem
         raise MeasurementError(
             f"B={batch} k={k}: fewer than {self._in.min_window_steps} steps within "
             f"{self._in.window_timeout_s:.0f}s: is the engine running the requests?"
         )
 
-    def _next_read_in(self, k: int, totals: CellTotals) -> float:
+    def _next_read_in(self, batch: int, k: int, totals: CellTotals, *, switched: bool) -> float:
         """Fresh readings: planned from step times to land in the window's last step (before
-        its first step, from the latest window at k: steps at another k may be far off);
-        through /metrics: the polling interval (the window ends on the first sync that fills
-        it)."""
+        its first step, from the cell's previous window, else the fastest guess at hand: steps
+        at another k or batch size may be far off); through /metrics: the polling interval (the
+        window ends on the first sync that fills it)."""
         if self._fresh:
-            step_s = self._step_at_k.get(k, self._step_s)
-            return wait_for_window(totals, step_s=step_s, settings=self._in)
+            step_s = planning_step_s(
+                cell_s=self._step_at.get((batch, k)),
+                k_s=self._step_at_k.get(k),
+                latest_s=self._step_s,
+            )
+            return wait_for_window(totals, step_s=step_s, settings=self._in, switched=switched)
         return self._in.metrics_poll_s
 
     def window(self, batch: int, k: int, round_: int) -> float:
         """One sample of (B, k): a window of steps that is exactly B decoding at k."""
         problem = ""
         for _ in range(self._in.attempts):
-            self._hold(batch)
+            started = self._clock()
+            self._hold(batch, k)
             before = self._last
-            self._set_k(k)
-            after = self._fill(batch, k, before)
+            switched = self._set_k(k)
+            reads = self.events["reads"]
+            after, window = self._fill(batch, k, before, switched=switched)
             self._last = after
-            window = after.since(before)
             found = window_problem(window, batch, k, stream=self._stream)
             if found is None:
-                return self._record(batch, k, round_, before, after, window)
+                reads = self.events["reads"] - reads
+                return self._record(batch, k, round_, (before, after, window), reads, started)
             problem = found
             self.refused.append(problem)
             log.info("window taken again: %s", problem)
@@ -339,10 +362,13 @@ class InFlightMeasurer:
         batch: int,
         k: int,
         round_: int,
-        before: StepReading,
-        after: StepReading,
-        window: StepReading,
+        readings: tuple[StepReading, StepReading, StepReading],
+        reads: int,
+        started: float,
     ) -> float:
+        """``readings``: before, after, and the window between them; ``reads``: the readings
+        taken to fill it; ``started``: when its requests were started or its k set."""
+        before, after, window = readings
         totals = window_totals(window, batch, k, stream=self._stream)
         middle = (before.engine_steps + after.engine_steps) / 2
         sample = WindowSample(
@@ -356,6 +382,9 @@ class InFlightMeasurer:
             requests=totals.requests,
             context_tokens=self._holding.mean_context(middle),
             step_ms=1000.0 * totals.mean_s,
+            engine_steps=window.engine_steps,
+            reads=reads,
+            wall_s=self._clock() - started,
         )
         self._windows.setdefault((batch, k), []).append(sample)
         self.events["windows"] += 1
@@ -367,10 +396,10 @@ class InFlightMeasurer:
         """One unrecorded window per k at a few batch sizes: lazy set-up happens here."""
         for batch in sorted({min(b, self._max) for b in self._settings.warmup_batches}):
             for k in ks:
-                self._hold(batch)
+                self._hold(batch, k)
                 before = self._last
-                self._set_k(k)
-                self._last = self._fill(batch, k, before)
+                switched = self._set_k(k)
+                self._last, _ = self._fill(batch, k, before, switched=switched)
 
     def _cells(self, cells: Sequence[CellKey], round_: int) -> dict[CellKey, list[float]]:
         """``repeats`` windows of each cell, batch sizes in increasing order, k interleaved."""
@@ -407,6 +436,14 @@ class InFlightMeasurer:
         result.refused = list(self.refused)
         result.events = dict(self.events)
         return result
+
+
+def _sum_steps(reading: StepReading) -> float:
+    return sum(t.steps for t in reading.cells.values())
+
+
+def _sum_seconds(reading: StepReading) -> float:
+    return sum(t.seconds for t in reading.cells.values())
 
 
 def details_of(windows: Sequence[WindowSample]) -> CellDetails:

@@ -98,12 +98,27 @@ def output_tokens(prompt_tokens: int, max_context: int) -> int:
     return max(1, max_context - prompt_tokens) + OUTPUT_MARGIN
 
 
-def wait_for_window(totals: CellTotals, *, step_s: float, settings: InFlightSettings) -> float:
+def planning_step_s(*, cell_s: float | None, k_s: float | None, latest_s: float) -> float:
+    """The step time a window's first read is planned from: the cell's own latest window (the
+    previous repeat of this B and k); at a new batch size, the lower of k's latest window (at
+    another B) and the latest steps seen (0: none). Too low costs one more read; too high lets
+    the window run on (8 steps of a cell with no CUDA graph last as long as 60 of its
+    neighbour's)."""
+    if cell_s is not None:
+        return cell_s
+    seen = [s for s in (k_s, latest_s) if s]
+    return min(seen, default=0.0)
+
+
+def wait_for_window(
+    totals: CellTotals, *, step_s: float, settings: InFlightSettings, switched: bool
+) -> float:
     """With fresh readings (each answered right after the engine's step running when it
     arrives): how long to wait before reading a window that holds ``totals`` so far, to arrive
     in its last step: half a step before it should be full (``window_steps``, or
     ``min_window_steps`` once ``window_max_s`` is reached). Its own mean step time once it has
-    steps, else ``step_s`` (the latest seen) with the switch's steps first. At least ``poll_s``."""
+    steps, else ``step_s``, with the switch's steps first when k was just ``switched``. At least
+    ``poll_s``."""
     if totals.steps > 0:
         step_s = totals.mean_s
     if not step_s > 0:
@@ -113,6 +128,6 @@ def wait_for_window(totals: CellTotals, *, step_s: float, settings: InFlightSett
         settings.window_steps - totals.steps,
         max(settings.min_window_steps - totals.steps, by_time),
     )
-    if totals.steps <= 0:
+    if totals.steps <= 0 and switched:
         left += SWITCH_TAIL_STEPS
     return max(settings.poll_s, (left - 0.5) * step_s)

@@ -36,6 +36,16 @@ class WindowSample(BaseModel):
     requests: float = Field(description="scheduled requests (B per step)")
     context_tokens: float = Field(description="mean context of the requests (estimated)")
     step_ms: float = Field(description="seconds / steps, in ms")
+    engine_steps: float | None = Field(
+        default=None,
+        description="every step the engine ran between the window's two readings: its own, "
+        "the previous k's last ones and the switch step (None: not recorded, older files)",
+    )
+    reads: int | None = Field(default=None, description="step readings taken to fill it")
+    wall_s: float | None = Field(
+        default=None,
+        description="wall time from setting its k (or starting its requests) to its last reading",
+    )
 
 
 class RawRecord(BaseModel):
