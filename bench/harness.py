@@ -66,15 +66,17 @@ class ReplicaAdmin(InProcessAdmin):
 
     def answer(self, request: AdminRequest, if_match: int | None) -> TableView:
         admin = self.replica.admin
-        if isinstance(request, TablePut):
-            coroutine = admin.put_table(request, if_match)
-        elif isinstance(request, SettingsPut):
-            coroutine = admin.put_settings(request, if_match)
-        else:
-            coroutine = admin.get_view()
+
+        async def call() -> TableView:
+            if isinstance(request, TablePut):
+                return (await admin.put_table(request, if_match)).view
+            if isinstance(request, SettingsPut):
+                return await admin.put_settings(request, if_match)
+            return await admin.get_view()
+
         try:
             with self.lock:
-                view: TableView = self.loop.run_until_complete(coroutine)
+                view = self.loop.run_until_complete(call())
         except AdminError as error:
             if error.status >= 500:
                 raise TemporaryError(f"HTTP {error.status}: {error.detail}") from None

@@ -125,6 +125,8 @@ class AdminApp:
     installed: Callable[[], object] = lambda: None
     """what the engine runs (the plugin: the scheduler's lookup object)"""
     engine_calls: list[str] = field(default_factory=list)
+    timer: StepTimer | None = None
+    """the plugin's engine-side step timer (tests count steps into it)"""
 
     def client(
         self, *, client: tuple[str, int] = ("testclient", 50000), base_url: str = LOCAL
@@ -219,6 +221,7 @@ def plugin_app(
         state=lambda: fake.controller.state,
         installed=lambda: fake.core.scheduler.dynamic_sd_lookup,
         engine_calls=fake.calls,
+        timer=step_timer_of(fake.core.scheduler),
     )
 
 

@@ -7,8 +7,14 @@ import threading
 from collections.abc import Callable
 
 from tabletune import __version__
-from tabletune.admin.protocol import SettingsPut, StepCellsRead, TablePut, TableView
-from tabletune.admin.state import AdminError, TableState
+from tabletune.admin.protocol import (
+    SettingsPut,
+    StepCellsRead,
+    TableAnswer,
+    TablePut,
+    TableView,
+)
+from tabletune.admin.state import AdminError, TableState, table_put
 
 
 class LocalBackend:
@@ -51,10 +57,12 @@ class LocalBackend:
             raise AdminError(404, "this server counts no step cells")
         return self.step_cells()
 
-    async def put_table(self, body: TablePut, if_match: int | None) -> TableView:
+    async def put_table(self, body: TablePut, if_match: int | None) -> TableAnswer:
         with self._lock:
-            self._state = self._state.with_table(body, if_match=if_match)
-            return self._view()
+            self._state, read = table_put(
+                self._state, body, if_match=if_match, read_cells=self.step_cells
+            )
+            return TableAnswer(self._view(), read)
 
     async def put_settings(self, body: SettingsPut, if_match: int | None) -> TableView:
         with self._lock:

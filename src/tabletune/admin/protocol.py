@@ -20,12 +20,17 @@ API_PREFIX = "/tabletune/v1"
 TABLE_PATH = f"{API_PREFIX}/table"
 SETTINGS_PATH = f"{API_PREFIX}/settings"
 STEP_CELLS_PATH = f"{API_PREFIX}/step-cells"
+STEP_CELLS_FIELD = "step_cells"
+"""added to a conditional table PUT's answer, accepted or 412: the step cells decided on"""
 MAX_BODY_BYTES = 64 * 1024
 # Bounds of every integer a request may carry. The plugin hands the body to the engine process
 # as msgpack, which cannot encode integers beyond 64 bits; and no batch size or k comes near
 # 2^31. The table's own rules (positive bounds, k <= K) are the engine's to check.
 MAX_WIRE_INT = 2**31 - 1
 WireInt = Annotated[int, Field(ge=-MAX_WIRE_INT, le=MAX_WIRE_INT)]
+# A cell's cumulative step count: every count below 2^53 is exact as the float the step cells
+# carry (a century of 1 ms steps is 2^41).
+MAX_STEP_COUNT = 2**53
 # How each step's k is chosen: the table (with exploration, hysteresis), or the Nightjar-style
 # bandit per batch size learning from the measured steps (plugin/bandit.py).
 StepPolicyName = Literal["table", "nightjar"]
@@ -83,6 +88,17 @@ class TableView(BaseModel):
     reason: str | None = Field(default=None, description="why the table is read-only, if it is")
 
 
+class CellSteps(BaseModel):
+    """A table PUT's precondition: the step cell of ``k`` and ``cell_of(batch_size)`` has counted
+    at least ``at_least`` steps since the engine started (its ``steps`` in the step cells)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    k: int = Field(ge=0, le=MAX_WIRE_INT)
+    batch_size: int = Field(ge=1, le=MAX_WIRE_INT)
+    at_least: int = Field(ge=0, le=MAX_STEP_COUNT)
+
+
 class TablePut(BaseModel):
     """Body of ``PUT /tabletune/v1/table``."""
 
@@ -92,6 +108,11 @@ class TablePut(BaseModel):
     allow_uncaptured: bool = Field(
         default=False,
         description="allow k outside the starting table (no captured CUDA graph: slow)",
+    )
+    when_cell_steps: CellSteps | None = Field(
+        default=None,
+        description="swap only if this cell holds that many steps (else 412), decided between "
+        "two engine steps; either answer carries the step cells read at that moment",
     )
 
 
@@ -147,6 +168,15 @@ class StepCellsRead:
         ):
             raise ValueError(f"started_at={started!r:.60}")
         return cls(cells, without, float(started), switch_steps, switch_seconds)
+
+
+@dataclass(frozen=True)
+class TableAnswer:
+    """What a backend answers an accepted table PUT: the new view, and for a conditional PUT
+    (``when_cell_steps``) the step cells its condition was decided on."""
+
+    view: TableView
+    step_cells: StepCellsRead | None = None
 
 
 def describe_problems(error: ValidationError) -> str:

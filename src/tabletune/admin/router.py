@@ -23,15 +23,17 @@ from tabletune.admin.protocol import (
     API_PREFIX,
     MAX_BODY_BYTES,
     SETTINGS_PATH,
+    STEP_CELLS_FIELD,
     STEP_CELLS_PATH,
     TABLE_PATH,
     SettingsPut,
     StepCellsRead,
+    TableAnswer,
     TablePut,
     TableView,
     describe_problems,
 )
-from tabletune.admin.state import AdminError, parse_if_match
+from tabletune.admin.state import AdminError, CellNotFull, parse_if_match
 
 
 class AdminBackend(Protocol):
@@ -42,7 +44,8 @@ class AdminBackend(Protocol):
 
     async def get_step_cells(self) -> StepCellsRead: ...
 
-    async def put_table(self, body: TablePut, if_match: int | None) -> TableView: ...
+    async def put_table(self, body: TablePut, if_match: int | None) -> TableAnswer:
+        """``CellNotFull`` (412, with its reading) when ``when_cell_steps`` does not hold."""
 
     async def put_settings(self, body: SettingsPut, if_match: int | None) -> TableView: ...
 
@@ -62,13 +65,15 @@ def one_line(detail: str) -> str:
     return text if len(text) <= MAX_DETAIL_CHARS else text[:MAX_DETAIL_CHARS] + "..."
 
 
-def _error(status: int, detail: str) -> JSONResponse:
+def _error(status: int, detail: str, **extra: object) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(status_code=status, content={"detail": one_line(detail)}, headers=headers)
+    content = {"detail": one_line(detail), **extra}
+    return JSONResponse(status_code=status, content=content, headers=headers)
 
 
-def _view_response(view: TableView) -> JSONResponse:
-    return JSONResponse(content=view.model_dump(), headers={"ETag": f'"{view.version}"'})
+def _view_response(view: TableView, **extra: object) -> JSONResponse:
+    content = {**view.model_dump(), **extra}
+    return JSONResponse(content=content, headers={"ETag": f'"{view.version}"'})
 
 
 async def _read_body(request: Request) -> bytes:
@@ -134,6 +139,10 @@ def _router(get_backend: BackendGetter, get_auth: AuthGetter) -> APIRouter:
             if backend is None:
                 return _error(503, "no engine attached")
             return await respond(backend)
+        except CellNotFull as error:
+            return _error(
+                error.status, error.detail, **{STEP_CELLS_FIELD: error.step_cells.to_wire()}
+            )
         except AdminError as error:
             return _error(error.status, error.detail)
 
@@ -162,12 +171,15 @@ def _router(get_backend: BackendGetter, get_auth: AuthGetter) -> APIRouter:
 
     @router.put(TABLE_PATH)
     async def put_table(request: Request) -> JSONResponse:
-        async def act(backend: AdminBackend) -> TableView:
+        async def respond(backend: AdminBackend) -> JSONResponse:
             if_match = parse_if_match(request.headers.get("if-match"))
             body = await _parse_body(request, TablePut)
-            return await backend.put_table(body, if_match)
+            answer = await backend.put_table(body, if_match)
+            if answer.step_cells is None:
+                return _view_response(answer.view)
+            return _view_response(answer.view, **{STEP_CELLS_FIELD: answer.step_cells.to_wire()})
 
-        return await guarded(request, write=True, action=act)
+        return await answered(request, write=True, respond=respond)
 
     @router.put(SETTINGS_PATH)
     async def put_settings(request: Request) -> JSONResponse:

@@ -7,12 +7,20 @@ and change it only through ``with_table`` / ``with_settings``, which return a ne
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from tabletune.admin.protocol import SettingsPut, StepPolicyName, TablePut, TableView
+from tabletune.admin.protocol import (
+    CellSteps,
+    SettingsPut,
+    StepCellsRead,
+    StepPolicyName,
+    TablePut,
+    TableView,
+)
 from tabletune.baselines.nightjar import DEFAULT_EXPLORATION
 from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
+from tabletune.step_cells import CellTotals, cell_key, cell_label, cell_of
 
 # Versions count accepted changes; 18 digits stay below 2^63 (msgpack to the engine process).
 MAX_VERSION_DIGITS = 18
@@ -25,6 +33,47 @@ class AdminError(Exception):
         super().__init__(detail)
         self.status = status
         self.detail = detail
+
+
+class CellNotFull(AdminError):
+    """A conditional table PUT whose cell has fewer steps than asked (412): nothing changed;
+    ``step_cells`` is the reading the condition was decided on."""
+
+    def __init__(self, detail: str, step_cells: StepCellsRead) -> None:
+        super().__init__(412, detail)
+        self.step_cells = step_cells
+
+
+def check_cell_steps(condition: CellSteps, read: StepCellsRead) -> None:
+    """Raise ``CellNotFull`` unless ``read`` holds ``condition.at_least`` steps in its cell."""
+    key = cell_key(condition.k, condition.batch_size)
+    steps = read.cells.get(key, CellTotals()).steps
+    if steps < condition.at_least:
+        raise CellNotFull(
+            f"when_cell_steps: cell k={condition.k} batch {cell_label(key[1:])} has "
+            f"{steps:.0f} steps, fewer than {condition.at_least}: table unchanged",
+            read,
+        )
+
+
+def table_put(
+    state: TableState,
+    body: TablePut,
+    *,
+    if_match: int | None,
+    read_cells: Callable[[], StepCellsRead] | None,
+) -> tuple[TableState, StepCellsRead | None]:
+    """The state after a table PUT, and for a conditional one the step cells it was decided on:
+    every other rule first (a 412 means the table would have been taken), then the condition
+    on one reading (``read_cells``; None: nothing counts step cells here, 404)."""
+    new_state = state.with_table(body, if_match=if_match)
+    if body.when_cell_steps is None:
+        return new_state, None
+    if read_cells is None:
+        raise AdminError(404, "this server counts no step cells")
+    read = read_cells()
+    check_cell_steps(body.when_cell_steps, read)
+    return new_state, read
 
 
 def parse_if_match(header: str | None) -> int | None:
@@ -117,6 +166,8 @@ class TableState:
                 f"k {uncaptured} not in the starting table (captured: {sorted(self.allowed_k)}); "
                 "set allow_uncaptured to force (those steps run without full CUDA graphs)",
             )
+        if body.when_cell_steps is not None:
+            self._check_cell(body.when_cell_steps)
         return replace(
             self,
             ranges=parsed,
@@ -176,6 +227,16 @@ class TableState:
             ),
             version=self.version + 1,
         )
+
+    def _check_cell(self, condition: CellSteps) -> None:
+        """A condition on a cell no step of this engine can be counted in is a mistake."""
+        k, batch = condition.k, condition.batch_size
+        if k > self.num_speculative_tokens or batch > self.max_num_seqs:
+            raise AdminError(
+                422,
+                f"when_cell_steps: no step runs in cell k={k} batch {cell_label(cell_of(batch))}"
+                f" (k in 0..{self.num_speculative_tokens}, batch_size in 1..{self.max_num_seqs})",
+            )
 
     def _check_version(self, if_match: int | None) -> None:
         if if_match is not None and if_match != self.version:

@@ -17,8 +17,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from tabletune import __version__
-from tabletune.admin.protocol import SettingsPut, TablePut, TableView, describe_problems
-from tabletune.admin.state import AdminError, TableState
+from tabletune.admin.protocol import (
+    SettingsPut,
+    StepCellsRead,
+    TablePut,
+    TableView,
+    describe_problems,
+)
+from tabletune.admin.state import AdminError, TableState, table_put
 from tabletune.plugin.bandit import NightjarLookup
 from tabletune.plugin.policy import StepPolicy
 from tabletune.plugin.step_timer import StepTimer
@@ -41,8 +47,10 @@ class EngineTableController:
         model_name: str | None = None,
         tensor_parallel_size: int | None = None,
         timer: StepTimer | None = None,
+        read_cells: Callable[[], StepCellsRead] | None = None,
     ) -> None:
         self._state = state
+        self._read_cells = read_cells  # what a conditional table PUT is decided on
         self._install = install
         self._timer = timer
         self._policy: StepPolicy | None = None
@@ -96,9 +104,20 @@ class EngineTableController:
         return ok_envelope(self.view())
 
     def put_table(self, body: object, if_match: int | None) -> dict[str, Any]:
-        return self._apply(
-            lambda: self._state.with_table(self._parse(TablePut, body), if_match=if_match)
-        )
+        """The table, swapped whole; with ``when_cell_steps`` only if the step cells read now
+        (between two steps, as every utility call) hold the steps asked, and either answer then
+        carries that reading."""
+        try:
+            new_state, read = table_put(
+                self._state,
+                self._parse(TablePut, body),
+                if_match=if_match,
+                read_cells=self._read_cells,
+            )
+        except AdminError as error:
+            return error_envelope(error)
+        self._swap(new_state)
+        return ok_envelope(self.view(), read)
 
     def put_settings(self, body: object, if_match: int | None) -> dict[str, Any]:
         return self._apply(

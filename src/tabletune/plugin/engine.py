@@ -168,6 +168,7 @@ def build_controller(core: Any, *, engine_version: str) -> EngineTableController
     def install(lookup: Lookup) -> None:
         scheduler.dynamic_sd_lookup = lookup  # one assignment: the next step sees it whole
 
+    timer = step_timer_of(scheduler)
     model_name = core.vllm_config.model_config.served_model_name
     # A profile holds for one parallel layout: the view reports it so the daemon can check.
     parallel = getattr(core.vllm_config, "parallel_config", None)
@@ -178,5 +179,6 @@ def build_controller(core: Any, *, engine_version: str) -> EngineTableController
         engine_version=engine_version,
         model_name=None if model_name is None else str(model_name),
         tensor_parallel_size=None if tensor_parallel is None else int(tensor_parallel),
-        timer=step_timer_of(scheduler),
+        timer=timer,
+        read_cells=timer.read,
     )

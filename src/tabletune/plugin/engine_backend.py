@@ -11,13 +11,20 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tabletune.admin.protocol import SettingsPut, StepCellsRead, TablePut, TableView
-from tabletune.admin.state import AdminError
+from tabletune.admin.protocol import (
+    SettingsPut,
+    StepCellsRead,
+    TableAnswer,
+    TablePut,
+    TableView,
+)
+from tabletune.admin.state import AdminError, CellNotFull
 from tabletune.plugin.wire import (
     GET_STEP_CELLS,
     GET_TABLE,
     PUT_SETTINGS,
     PUT_TABLE,
+    answer_from_envelope,
     step_cells_from_answer,
     view_from_envelope,
 )
@@ -47,23 +54,37 @@ class EngineUtilityBackend:
     async def get_view(self) -> TableView:
         return await self._invoke(GET_TABLE)
 
-    async def put_table(self, body: TablePut, if_match: int | None) -> TableView:
-        return await self._invoke(PUT_TABLE, body.model_dump(), if_match)
+    async def put_table(self, body: TablePut, if_match: int | None) -> TableAnswer:
+        """``when_cell_steps`` travels only when set: an engine side from before it (a plugin
+        half-upgraded) refuses an unknown field, as the HTTP side does."""
+        try:
+            answer = answer_from_envelope(
+                await self._ask(PUT_TABLE, body.model_dump(exclude_none=True), if_match)
+            )
+        except CellNotFull as refused:
+            self._heard(None, refused.step_cells)
+            raise
+        self._heard(answer.view, answer.step_cells)
+        return answer
 
     async def put_settings(self, body: SettingsPut, if_match: int | None) -> TableView:
         return await self._invoke(PUT_SETTINGS, body.model_dump(exclude_none=True), if_match)
 
     async def get_step_cells(self) -> StepCellsRead:
         read = step_cells_from_answer(await self._ask(GET_STEP_CELLS))
-        if self._on_steps is not None:
-            self._on_steps(read)
+        self._heard(None, read)
         return read
 
     async def _invoke(self, name: str, *args: object) -> TableView:
         view = view_from_envelope(await self._ask(name, *args))
-        if self._on_view is not None:
-            self._on_view(view)
+        self._heard(view, None)
         return view
+
+    def _heard(self, view: TableView | None, read: StepCellsRead | None) -> None:
+        if view is not None and self._on_view is not None:
+            self._on_view(view)
+        if read is not None and self._on_steps is not None:
+            self._on_steps(read)
 
     async def _ask(self, name: str, *args: object) -> object:
         try:

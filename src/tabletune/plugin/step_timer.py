@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tabletune.admin.protocol import StepCellsRead
 from tabletune.step_cells import StepCellCounter
 
 
@@ -97,3 +98,14 @@ class StepTimer:
     def to_wire(self) -> dict[str, Any]:
         """What the ``tabletune_get_step_cells`` utility answers (plain, msgpack-safe)."""
         return {"started_at": self.started_at, **self.counter.to_wire()}
+
+    def read(self) -> StepCellsRead:
+        """The counts now, as ``to_wire`` gives them (a conditional table PUT decides on it)."""
+        counter = self.counter
+        return StepCellsRead(
+            counter.totals(),
+            counter.steps_without_decode,
+            self.started_at,
+            counter.switch_steps,
+            counter.switch_seconds,
+        )

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tabletune.admin.protocol import StepCellsRead, TableView
-from tabletune.admin.state import AdminError
+from tabletune.admin.protocol import STEP_CELLS_FIELD, StepCellsRead, TableAnswer, TableView
+from tabletune.admin.state import AdminError, CellNotFull
 
 # EngineCore methods added by the engine side (tabletune.plugin.engine).
 GET_TABLE = "tabletune_get_table"
@@ -22,23 +22,41 @@ PUT_SETTINGS = "tabletune_put_settings"
 GET_STEP_CELLS = "tabletune_get_step_cells"
 
 
-def ok_envelope(view: TableView) -> dict[str, Any]:
-    return {"status": 200, "view": view.model_dump()}
+def ok_envelope(view: TableView, step_cells: StepCellsRead | None = None) -> dict[str, Any]:
+    envelope = {"status": 200, "view": view.model_dump()}
+    return envelope if step_cells is None else {**envelope, STEP_CELLS_FIELD: step_cells.to_wire()}
 
 
 def error_envelope(error: AdminError) -> dict[str, Any]:
-    return {"status": error.status, "detail": error.detail}
+    envelope = {"status": error.status, "detail": error.detail}
+    if isinstance(error, CellNotFull):
+        return {**envelope, STEP_CELLS_FIELD: error.step_cells.to_wire()}
+    return envelope
 
 
 def view_from_envelope(envelope: object) -> TableView:
     """The view inside an engine answer; raises the engine's refusal as ``AdminError``."""
+    return answer_from_envelope(envelope).view
+
+
+def answer_from_envelope(envelope: object) -> TableAnswer:
+    """The view and step cells (if any) inside an engine answer; raises the engine's refusal
+    as ``AdminError`` (``CellNotFull`` with its step cells for a 412)."""
     if not isinstance(envelope, dict) or not isinstance(envelope.get("status"), int):
         raise AdminError(502, f"malformed answer from the engine: {envelope!r:.200}")
     status: int = envelope["status"]
+    cells = (
+        None
+        if STEP_CELLS_FIELD not in envelope
+        else step_cells_from_answer(envelope[STEP_CELLS_FIELD])
+    )
     if status != 200:
-        raise AdminError(status, str(envelope.get("detail", "refused by the engine")))
+        detail = str(envelope.get("detail", "refused by the engine"))
+        if status == 412 and cells is not None:
+            raise CellNotFull(detail, cells)
+        raise AdminError(status, detail)
     try:
-        return TableView.model_validate(envelope.get("view"))
+        return TableAnswer(TableView.model_validate(envelope.get("view")), cells)
     except ValidationError as error:
         raise AdminError(502, f"malformed view from the engine: {error}") from None
 

@@ -3,11 +3,12 @@ side). Benchmarks use ``build_engine`` directly; the server wraps it in a ``Repl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from tabletune.admin.protocol import SettingsPut
+from tabletune.admin.protocol import SettingsPut, StepCellsRead
 from tabletune.admin.state import TableState
 from tabletune.errors import InputError
 from tabletune.plugin.controller import EngineTableController
@@ -98,9 +99,15 @@ def build_engine(
     )
 
 
-def start_engine_side(scenario: Scenario, engine: EngineSim) -> EngineTableController:
+def start_engine_side(
+    scenario: Scenario,
+    engine: EngineSim,
+    *,
+    read_cells: Callable[[], StepCellsRead] | None = None,
+) -> EngineTableController:
     """The plugin's engine side over this engine: it installs lookups into ``engine`` exactly
-    as it does into vLLM's scheduler. The scenario's exploration/hysteresis are applied as a
+    as it does into vLLM's scheduler, and decides conditional table PUTs on ``read_cells``
+    (the engine's step cells). The scenario's exploration/hysteresis are applied as a
     settings change (version 1), as the daemon or an operator would set them."""
     state = starting_state(scenario)
     engine.install(list(state.lookup) if state.dynamic else None)
@@ -110,6 +117,7 @@ def start_engine_side(scenario: Scenario, engine: EngineSim) -> EngineTableContr
         engine_version=scenario.engine.engine_version,
         model_name=scenario.engine.model_name,
         tensor_parallel_size=scenario.engine.tensor_parallel_size,
+        read_cells=read_cells,
     )
     settings = SettingsPut(
         exploration_interval=scenario.engine.exploration_interval or None,

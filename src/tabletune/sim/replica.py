@@ -20,7 +20,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from tabletune.admin.protocol import SettingsPut, StepCellsRead, TablePut, TableView
+from tabletune.admin.protocol import (
+    SettingsPut,
+    StepCellsRead,
+    TableAnswer,
+    TablePut,
+    TableView,
+)
 from tabletune.admin.state import AdminError
 from tabletune.plugin.controller import EngineTableController
 from tabletune.plugin.engine_backend import EngineUtilityBackend
@@ -78,7 +84,9 @@ class Replica:
         self.engine: EngineSim = build_engine(
             scenario, profile, base_dir=base_dir, seed=scenario.seed + index
         )
-        self.controller: EngineTableController = start_engine_side(scenario, self.engine)
+        self.controller: EngineTableController = start_engine_side(
+            scenario, self.engine, read_cells=self.step_cells
+        )
         self.faults = FaultPlan.of(scenario.faults)
         self._pending_restarts = deque(r for r in self.faults.restarts() if r.at_s > 0)
         self.created_wall = clock.wall_at(0.0)
@@ -108,7 +116,7 @@ class Replica:
     def restart(self, *, downtime_s: float = 0.0) -> None:
         """vLLM restarts: counters from zero (new _created), the starting table and settings."""
         self.engine.restart(downtime_s=downtime_s)
-        self.controller = start_engine_side(self.scenario, self.engine)
+        self.controller = start_engine_side(self.scenario, self.engine, read_cells=self.step_cells)
         self.created_wall = self.clock.wall_at(self.engine.down_until)
         self.restarts += 1
 
@@ -290,7 +298,7 @@ class SimAdminBackend:
         await self._gate()
         return await self._replica.plugin_backend.get_step_cells()
 
-    async def put_table(self, body: TablePut, if_match: int | None) -> TableView:
+    async def put_table(self, body: TablePut, if_match: int | None) -> TableAnswer:
         await self._gate()
         return await self._replica.plugin_backend.put_table(body, if_match)
 
