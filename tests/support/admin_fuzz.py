@@ -7,7 +7,8 @@ ASGI app of the plugin or of the emulator (``tests.support.admin_apps``). Every 
    scheduler still runs the very same lookup object (no partial apply);
 3. an accepted table is one vLLM takes (sorted inclusive ranges from 1, no overlap, 0 <= k <= K,
    k captured unless ``allow_uncaptured``) and is exactly the body's; accepted settings are the
-   body's; a GET changes nothing;
+   body's; a GET changes nothing; a conditional table PUT (``when_cell_steps``) is accepted
+   exactly when the step cells its answer carries hold the steps asked, else a 412 with them;
 4. an accepted write was allowed by the rules, judged here independently of the code under test
    (token, loopback opening, same-origin);
 5. an error is a JSON object with a one-line ``detail``.
@@ -30,8 +31,15 @@ from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st
 
 from tabletune.admin.auth import OPEN_ENV, TOKEN_ENV
-from tabletune.admin.protocol import API_PREFIX, MAX_BODY_BYTES, SETTINGS_PATH, TABLE_PATH
+from tabletune.admin.protocol import (
+    API_PREFIX,
+    MAX_BODY_BYTES,
+    SETTINGS_PATH,
+    TABLE_PATH,
+    StepCellsRead,
+)
 from tabletune.admin.state import TableState
+from tabletune.step_cells import CellTotals, cell_key
 from tests.support.admin_apps import APPS, MAX_NUM_SEQS, TOKEN, AdminApp, K, RawAnswer, asgi_request
 
 MODES: dict[str, dict[str, str]] = {
@@ -112,6 +120,23 @@ def table_bodies() -> st.SearchStrategy[object]:
             {"table": tables}, optional={"allow_uncaptured": ANY_JSON | st.booleans()}
         ),
         st.fixed_dictionaries({"table": valid_tables()}, optional={"extra": ANY_JSON}),
+        st.fixed_dictionaries({"table": tables, "when_cell_steps": conditions()}),
+        st.fixed_dictionaries({"table": valid_tables(), "when_cell_steps": conditions()}),
+        ANY_JSON,
+    )
+
+
+def conditions() -> st.SearchStrategy[object]:
+    """``when_cell_steps``: mostly well-formed (met at 0 steps, else a 412), or hostile."""
+    count = st.one_of(st.integers(0, 2), INTS, ANY_JSON)
+    return st.one_of(
+        st.fixed_dictionaries(
+            {"k": st.integers(0, K), "batch_size": st.integers(1, MAX_NUM_SEQS)},
+            optional={"at_least": st.integers(0, 2)},
+        ),
+        st.fixed_dictionaries(
+            {"k": count, "batch_size": count, "at_least": count}, optional={"x": ANY_JSON}
+        ),
         ANY_JSON,
     )
 
@@ -251,6 +276,15 @@ def attack(
 
 
 GOOD = json.dumps({"table": [[1, 64, 3], [65, 256, 1]]}).encode()
+WHEN_BEYOND_64_BITS = {"k": 1, "batch_size": 5, "at_least": 2**64}
+
+
+def conditional(at_least: int) -> bytes:
+    """GOOD on condition that the cell of k=3, B=64 holds ``at_least`` steps."""
+    when = {"k": 3, "batch_size": 64, "at_least": at_least}
+    return json.dumps({**json.loads(GOOD), "when_cell_steps": when}).encode()
+
+
 # The attacks that once got a 5xx, a partial read or a browser through: every run starts with them.
 ATTACKS = (
     attack(b'{"table": [' + b"[1,1,1]," * 20_000 + b"]}", chunk=4096),  # chunked, over 64 KiB
@@ -261,6 +295,7 @@ ATTACKS = (
     attack(json.dumps({"exploration_interval": 2**64}).encode(), path=SETTINGS_PATH),
     attack(GOOD, if_match="\xb2"),  # str.isdigit, not int()
     attack(GOOD, if_match="9" * 5000),
+    attack(json.dumps({**json.loads(GOOD), "when_cell_steps": WHEN_BEYOND_64_BITS}).encode()),
     attack(b'{"\\ud800": 1}'),
     attack(b'{"table": [[1, 256, 1]], "forged\\nlog line": 1}'),  # a newline in the reason
     attack(GOOD, extra=((b"origin", b"http://evil.example"),)),
@@ -274,6 +309,8 @@ OUTCOMES = (
     attack(json.dumps({"exploration_interval": 5, "hysteresis": 1}).encode(), path=SETTINGS_PATH),
     attack(b'{"policy": "nightjar", "nightjar_exploration": 0.5}', path=SETTINGS_PATH),
     attack(GOOD, if_match='"999"'),  # 409
+    attack(conditional(0), if_match=CURRENT),  # accepted: no engine here has stepped
+    attack(conditional(1)),  # 412
     FuzzRequest("PUT", TABLE_PATH, ((b"host", b"127.0.0.1:8000"),), (GOOD,), ("10.1.2.3", 1), None),
 )
 
@@ -354,6 +391,7 @@ def judge(
     status = answer.status
     if status >= 500:
         problems.append(f"HTTP {status}: {answer.body[:300]!r}")
+    problems += _judge_condition(request, answer)
     if status != 200:
         if after != before or not lookup_kept:
             problems.append(f"refused ({status}) but the state changed: {before} -> {after}")
@@ -395,6 +433,24 @@ def judge(
         if after.ranges != before.ranges:
             problems.append("a settings change changed the table")
     return problems
+
+
+def _judge_condition(request: FuzzRequest, answer: RawAnswer) -> list[str]:
+    """A conditional table PUT accepted or refused on its condition (412) carries the step
+    cells it was decided on, and they say what the answer says; no other answer has them."""
+    reading = None
+    if answer.status in (200, 412) and request.method == "PUT" and request.path == TABLE_PATH:
+        reading = json.loads(answer.body).get("step_cells")
+    if reading is None:
+        return ["a 412 without the step cells"] if answer.status == 412 else []
+    when = json.loads(b"".join(request.chunks)).get("when_cell_steps")
+    if not isinstance(when, dict):
+        return [f"step cells in the answer to an unconditional PUT: {answer.body[:200]!r}"]
+    cells = StepCellsRead.from_wire(reading).cells
+    held = cells.get(cell_key(when["k"], when["batch_size"]), CellTotals()).steps
+    if (held >= when["at_least"]) != (answer.status == 200):
+        return [f"HTTP {answer.status} with {held} steps in the cell, asked {when}"]
+    return []
 
 
 def resolve_if_match(request: FuzzRequest, state: TableState) -> bytes | None:
