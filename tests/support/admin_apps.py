@@ -115,6 +115,15 @@ class MsgpackEngine:
         return methods[name](*args)
 
 
+def count_steps(timer: StepTimer, *, batch: int, k: int, steps: int) -> None:
+    """``steps`` counted steps of ``batch`` requests verifying ``k`` drafts, 10 ms each (the
+    first call only starts the clock)."""
+    tokens = {f"r{i}": 1 + k for i in range(batch)}
+    spec = {f"r{i}": [0] * k for i in range(batch)} if k else {}
+    for i in range(steps + 1):
+        timer.on_step(0.01 * i, tokens, sum(tokens.values()), spec, idle_after=False)
+
+
 @dataclass
 class AdminApp:
     """One server's admin API and what stands behind it."""

@@ -9,14 +9,22 @@ scheduling), lasts ``step_ms(B, k)`` plus a prefill cost, and is handed to the p
 ``step_reading`` sees through /metrics (an older plugin), or, with ``fresh``, read as of the last
 finished step (the admin API's step-cells route asks the engine). Every guess is rejected: one
 token per request per step.
+
+With ``between_steps`` every call (a read, a k switch, a conditional switch) is answered as
+vLLM's engine core runs utility calls: between two steps, so one that arrives while a step runs
+waits for its end; and ``queued_steps`` steps are already scheduled when a new k lands (async
+scheduling), their drafts proposed at the old k. Then a read and a switch sent after it land
+at two different step ends, and the one-call conditional switch at one.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -29,6 +37,7 @@ from tabletune.profiler.step_reading import StepReading
 from tabletune.schemas.shape import PrefillStream
 
 StepMs = Callable[[int, int], float]  # (B, verified k) -> ms
+T = TypeVar("T")
 
 
 def linear_ms(b: int, k: int) -> float:
@@ -68,6 +77,14 @@ class SteppingEngine:
     k_at: Callable[[int], int] | None = None
     """the table's k at a batch size, when the table lives elsewhere (a fake admin API);
     default: the k of the last set_k_everywhere"""
+    between_steps: bool = False
+    """calls are answered between two steps (a call during a step waits for its end)"""
+    queued_steps: int = 0
+    """steps already scheduled when a new k lands: they verify drafts of the old k"""
+    conditional: bool = True
+    """the plugin takes a conditional k switch (False: an older one, switch_k_when_full None)"""
+    read_switches: int = 0
+    """conditional switches that set k"""
 
     def __post_init__(self) -> None:
         self.timer = StepTimer(started_at=0.0)
@@ -81,22 +98,57 @@ class SteppingEngine:
         self._random = random.Random(7)
         self._stream: PrefillStream | None = None
         self._next_arrival = float("inf")
+        self._at_step_end: list[Callable[[], None]] = []
+        self._table_ks: deque[int] = deque(maxlen=self.queued_steps + 1)
 
     # -- what the measurer calls ---------------------------------------------------------------
     def clock(self) -> float:
         return self.now
 
     def set_k_everywhere(self, k: int, max_num_seqs: int) -> None:
-        self.k = k
-        self.puts.append(k)
+        def put() -> None:
+            self.k = k
+            self.puts.append(k)
+
+        self._between_steps(put)
+
+    def switch_k_when_full(
+        self, k: int, max_num_seqs: int, *, cell: tuple[int, int], at_least: int
+    ) -> tuple[StepReading, bool] | None:
+        if not (self.conditional and self.fresh):
+            return None
+
+        def put_when() -> tuple[StepReading, bool]:
+            self.reads += 1
+            reading = self.live_reading()
+            full = reading.cell(*cell).steps >= at_least
+            if full:
+                self.k = k
+                self.puts.append(k)
+                self.read_switches += 1
+            return reading, full
+
+        return self._between_steps(put_when)
 
     @property
     def readings_fresh(self) -> bool:
         return self.fresh
 
     def step_reading(self) -> StepReading:
-        self.reads += 1
-        return self.live_reading() if self.fresh else self.published
+        def read() -> StepReading:
+            self.reads += 1
+            return self.live_reading() if self.fresh else self.published
+
+        return self._between_steps(read)
+
+    def _between_steps(self, call: Callable[[], T]) -> T:
+        """``call`` now, or with ``between_steps`` at the end of the step running (if any)."""
+        if not self.between_steps or self._step_end is None:
+            return call()
+        answers: list[T] = []
+        self._at_step_end.append(lambda: answers.append(call()))
+        self.sleep(self._step_end - self.now)
+        return answers[0]
 
     def live_reading(self) -> StepReading:
         counter = self.timer.counter
@@ -173,14 +225,19 @@ class SteppingEngine:
         spec = {r.ident: [-1] * r.drafts for r in self._in_step if r.drafts > 0}
         verify = max((r.drafts for r in self._in_step), default=0)
         self.scheduled.append((len(tokens), max(verify, 0), sum(tokens.values())))
-        k = self.k if self.k_at is None else max(0, self.k_at(len(self._in_step)))
         for request in self._in_step:
             request.produced += 1
-            request.drafts = k  # the drafter proposes the table's k for the next step
         self.running = [r for r in self.running if r.produced < r.max_tokens]
         self.timer.on_step(
             self.now, tokens, sum(tokens.values()), spec, idle_after=not self.running
         )
+        calls, self._at_step_end = self._at_step_end, []
+        for call in calls:  # between this step and the next: they see it counted
+            call()
+        table_k = self.k if self.k_at is None else max(0, self.k_at(len(self._in_step)))
+        self._table_ks.append(table_k)
+        for request in self._in_step:  # the drafter proposes the table's k of queued_steps ago
+            request.drafts = self._table_ks[0]
         if self.on_step is not None:
             self.on_step(self)
         self._start_step()

@@ -27,7 +27,15 @@ from tabletune.plugin.controller import EngineTableController
 from tabletune.plugin.engine_backend import EngineUtilityBackend
 from tabletune.plugin.step_timer import StepTimer
 from tabletune.step_cells import CellTotals, cell_of
-from tests.support.admin_apps import APPS, MAX_NUM_SEQS, START, TOKEN, K, plugin_app
+from tests.support.admin_apps import (
+    APPS,
+    MAX_NUM_SEQS,
+    START,
+    TOKEN,
+    K,
+    count_steps,
+    plugin_app,
+)
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ONE_K = {"table": [[1, MAX_NUM_SEQS, 2]]}
@@ -35,15 +43,6 @@ ONE_K = {"table": [[1, MAX_NUM_SEQS, 2]]}
 
 def when(k: int, batch_size: int, at_least: object) -> dict[str, Any]:
     return {**ONE_K, "when_cell_steps": {"k": k, "batch_size": batch_size, "at_least": at_least}}
-
-
-def count_steps(timer: StepTimer, *, batch: int, k: int, steps: int) -> None:
-    """``steps`` counted steps of ``batch`` requests verifying ``k`` drafts, 10 ms each (the
-    first call only starts the clock)."""
-    tokens = {f"r{i}": 1 + k for i in range(batch)}
-    spec = {f"r{i}": [0] * k for i in range(batch)} if k else {}
-    for i in range(steps + 1):
-        timer.on_step(0.01 * i, tokens, sum(tokens.values()), spec, idle_after=False)
 
 
 @pytest.mark.parametrize("target", sorted(APPS))

@@ -7,6 +7,7 @@ the latter ending windows within a step of their last."""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -133,13 +134,26 @@ def test_the_wall_time_is_split_by_phase_and_the_costly_events_counted(fresh: bo
         return read()
 
     engine.step_reading = slow_read  # type: ignore[method-assign]
+    switch = engine.switch_k_when_full
+
+    def slow_switch(
+        k: int, max_num_seqs: int, *, cell: tuple[int, int], at_least: int
+    ) -> tuple[StepReading, bool] | None:  # a read that may switch k: a read's 2 ms
+        engine.sleep(0.002)
+        return switch(k, max_num_seqs, cell=cell, at_least=at_least)
+
+    engine.switch_k_when_full = slow_switch  # type: ignore[method-assign]
     windows: list[WindowSample] = []
     m = measurer(engine, in_flight=replace(IN_FLIGHT, max_context=128), windows=windows)
     started = engine.clock()
     result = m.measure((1, 2, 3, 4), (0, 1))
     elapsed = engine.clock() - started
     assert set(m.phases_s) == {*PHASES, READING}
-    assert m.phases_s["k_switch"] == pytest.approx(0.01 * len(engine.puts))
+    # k set by a read that found its window full is part of the reads, not of the switches
+    assert (engine.read_switches > 0) == fresh
+    assert result.events.get("read_switches", 0) == engine.read_switches
+    put_after_read = len(engine.puts) - engine.read_switches
+    assert m.phases_s["k_switch"] == pytest.approx(0.01 * put_after_read)
     assert m.phases_s[READING] == pytest.approx(0.002 * result.events["reads"])
     assert result.events["k_switches"] == len(engine.puts)
     assert sum(w.seconds for w in windows) <= m.phases_s["fill"]  # a window's steps run there
@@ -395,3 +409,45 @@ def test_each_window_records_its_reads_engine_steps_and_wall_time() -> None:
         # uncounted: the old k's step still running, the one verifying its drafts, the switch
         assert w.engine_steps - w.steps <= 3
     assert sum(w.reads or 0 for w in windows) <= result.events["reads"]
+
+
+def test_the_read_that_finds_a_window_full_sets_the_next_k_one_step_sooner() -> None:
+    """As vLLM runs them: calls answered between two steps, steps queued when a k lands (two:
+    a read, then a switch, leave the 4 steps before the next window the H200 showed). The
+    switch made by the read that finds the window full (the same call) leaves 3; an older
+    plugin (no conditional switch) gets a read, then a switch, as before. The windows, and
+    what they measure, are the same."""
+    runs = {}
+    for conditional in (False, True):
+        engine = SteppingEngine(
+            fresh=True, between_steps=True, queued_steps=2, conditional=conditional
+        )
+        windows: list[WindowSample] = []
+        result = measurer(engine, windows=windows).measure(GRID, KS)
+        runs[conditional] = (engine, windows, result)
+    old_engine, old_windows, old_result = runs[False]
+    engine, windows, result = runs[True]
+    assert old_engine.read_switches == 0
+    assert engine.read_switches == result.events["read_switches"] == len(windows) - 1
+
+    def uncounted(ws: list[WindowSample]) -> Counter[float]:
+        """steps before each window's first counted one (0: it started from a settled reading)"""
+        return Counter((w.engine_steps or 0) - w.steps for w in ws)
+
+    before, after = uncounted(old_windows), uncounted(windows)
+    assert set(before) == {0, 4}
+    # the first window after the warm-up follows a plain read (the warm-up sets no next k)
+    assert after[4] == 1 and set(after) == {0, 3, 4}
+    # contexts grow one step slower per window: starting over (gap 0) comes no more often
+    assert after[0] <= before[0] and after[3] + after[4] >= before[4]
+    # the statistic: the same windows of 8 steps, the same step times, the same cells
+    assert [(w.batch_size, w.k, w.round, w.steps) for w in windows] == [
+        (w.batch_size, w.k, w.round, w.steps) for w in old_windows
+    ]
+    assert all(w.steps == IN_FLIGHT.window_steps for w in windows)
+    assert [w.step_ms for w in windows] == pytest.approx([w.step_ms for w in old_windows])
+    assert result.samples.keys() == old_result.samples.keys()
+    for (batch, k), samples in result.samples.items():
+        assert samples == pytest.approx([linear_ms(batch, k)] * TIMING.repeats)
+        assert samples == pytest.approx(old_result.samples[(batch, k)])
+    assert engine.now < old_engine.now

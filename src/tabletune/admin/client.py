@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import httpx
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from tabletune import __version__
 from tabletune.admin.protocol import (
     SETTINGS_PATH,
+    STEP_CELLS_FIELD,
     STEP_CELLS_PATH,
     TABLE_PATH,
     SettingsPut,
@@ -38,6 +40,16 @@ class AdminRefused(PermanentError):
         super().__init__(f"HTTP {status}: {detail}")
         self.status = status
         self.detail = detail
+
+
+@dataclass(frozen=True)
+class ConditionalPut:
+    """A conditional table PUT's answer: whether the table was swapped (200) or the cell held
+    too few steps (412, nothing changed), and the step cells it was decided on."""
+
+    swapped: bool
+    step_cells: StepCellsRead
+    view: TableView | None  # the new view when swapped
 
 
 def settings_body(**fields: int | list[int] | None) -> dict[str, int | list[int]]:
@@ -92,9 +104,16 @@ class AdminClient:
             raise TemporaryError(f"{self.base_url}{path}: malformed answer: {error}") from None
 
     def _send(
-        self, method: str, path: str, *, json: object, headers: dict[str, str] | None
+        self,
+        method: str,
+        path: str,
+        *,
+        json: object,
+        headers: dict[str, str] | None,
+        answered: frozenset[int] = frozenset(),
     ) -> httpx.Response:
-        """The answer of a request that was not refused (TemporaryError, AdminRefused)."""
+        """The answer of a request that was not refused (TemporaryError, AdminRefused), or one
+        whose status is in ``answered``."""
         url = f"{self.base_url}{path}"
         try:
             response = self._http.request(
@@ -108,7 +127,7 @@ class AdminClient:
             raise TemporaryError(
                 f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:200]}"
             )
-        if response.status_code >= 400:
+        if response.status_code >= 400 and response.status_code not in answered:
             try:
                 detail = str(response.json().get("detail", response.text))
             except ValueError:
@@ -140,6 +159,36 @@ class AdminClient:
         headers = {} if if_match is None else {"If-Match": f'"{if_match}"'}
         body = {"table": [list(r) for r in table], "allow_uncaptured": allow_uncaptured}
         return self._call("PUT", TABLE_PATH, json=body, headers=headers)
+
+    def put_table_when(
+        self,
+        table: Sequence[Sequence[int]],
+        *,
+        k: int,
+        batch_size: int,
+        at_least: int,
+        if_match: int | None = None,
+    ) -> ConditionalPut:
+        """``table`` if the step cell of ``k`` and ``batch_size`` holds ``at_least`` steps, decided
+        between two engine steps; either way the step cells read then. A server from before
+        the condition refuses the field: ``AdminRefused`` 422 naming ``when_cell_steps``."""
+        headers = {} if if_match is None else {"If-Match": f'"{if_match}"'}
+        when = {"k": k, "batch_size": batch_size, "at_least": at_least}
+        body = {"table": [list(r) for r in table], "when_cell_steps": when}
+        response = self._send(
+            "PUT", TABLE_PATH, json=body, headers=headers, answered=frozenset({412})
+        )
+        try:
+            data = response.json()
+            cells = StepCellsRead.from_wire(data.get(STEP_CELLS_FIELD))
+            swapped = response.status_code == 200
+            return ConditionalPut(
+                swapped, cells, TableView.model_validate(data) if swapped else None
+            )
+        except (ValueError, AttributeError) as error:
+            raise TemporaryError(
+                f"{self.base_url}{TABLE_PATH}: malformed answer: {error}"
+            ) from None
 
     def put_settings(
         self,

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tabletune.admin.client import AdminClient, AdminRefused
-from tabletune.admin.protocol import TableView
+from tabletune.admin.client import AdminClient, AdminRefused, ConditionalPut
+from tabletune.admin.protocol import StepCellsRead, TableView
 from tabletune.errors import PermanentError, TemporaryError
 from tabletune.profiler.errors import HookUnavailable, MeasurementError, NoPluginError
 from tabletune.profiler.hook_protocol import HOOK_METHOD, SamplerMode
@@ -61,6 +61,7 @@ class EngineHttp:
         )
         self._model: str | None = None
         self._cells_route: bool | None = None  # None: not tried yet
+        self._conditional_put: bool | None = None  # None: not tried yet
 
     def close(self) -> None:
         self._http.close()
@@ -196,8 +197,39 @@ class EngineHttp:
                 if self._cells_route is None:
                     log.info("reading step cells through %s's step-cells route", self.base_url)
                 self._cells_route = True
-                return StepReading(read.cells, read.steps_without_decode, read.switch_steps)
+                return _reading_of(read)
         return self._metrics(parse_step_reading)
+
+    def switch_k_when_full(
+        self, k: int, max_num_seqs: int, *, cell: tuple[int, int], at_least: int
+    ) -> tuple[StepReading, bool] | None:
+        """Set "k at every batch size" in the engine call that reads the step cells, if the
+        cell of ``cell`` (k, batch size) then holds ``at_least`` steps: that reading, and whether
+        k was set. None on a server without the condition (an older plugin refuses the field
+        with a 422), remembered: the caller reads, then sets k, as before."""
+        if self._conditional_put is False:
+            return None
+        cell_k, batch = cell
+
+        def put() -> ConditionalPut:
+            return self._admin.put_table_when(
+                [[1, max_num_seqs, k]], k=cell_k, batch_size=batch, at_least=at_least
+            )
+
+        try:
+            answer = self._retrying(f"PUT table k={k} when cell {cell} has {at_least}", put)
+        except AdminRefused as error:
+            if error.status != 422 or "when_cell_steps" not in error.detail:
+                raise
+            log.info(
+                "%s takes no conditional table PUT (%s): reading, then setting k",
+                self.base_url,
+                error.detail,
+            )
+            self._conditional_put = False
+            return None
+        self._conditional_put = True
+        return _reading_of(answer.step_cells), answer.swapped
 
     @property
     def readings_fresh(self) -> bool:
@@ -256,3 +288,7 @@ class EngineHttp:
         if not results or not isinstance(results[0], dict):
             raise HookUnavailable(f"sampler switch: unexpected answer {response.text[:200]}")
         return dict(results[0])
+
+
+def _reading_of(read: StepCellsRead) -> StepReading:
+    return StepReading(read.cells, read.steps_without_decode, read.switch_steps)

@@ -21,6 +21,7 @@ polled and waits are counted in sync intervals.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter, deque
@@ -73,6 +74,13 @@ class StepCellEngine(Protocol):
 
     def step_reading(self) -> StepReading: ...
 
+    def switch_k_when_full(
+        self, k: int, max_num_seqs: int, *, cell: tuple[int, int], at_least: int
+    ) -> tuple[StepReading, bool] | None:
+        """Set k in the engine call that reads the step cells, if the cell (k, batch size)
+        holds ``at_least`` steps then: that reading and whether k was set; None where the
+        server has no such call (then: read, then ``set_k_everywhere``)."""
+
     @property
     def readings_fresh(self) -> bool:
         """Whether the last reading was the engine's own (as of its last finished step), not
@@ -117,6 +125,7 @@ class InFlightMeasurer:
         self._step_at: dict[CellKey, float] = {}  # ... and at each (B, k)
         self._fresh = False
         self._idle_since_change = False
+        self._switch_pending = False  # k changed since the reading the next window starts from
         self._windows: dict[CellKey, list[WindowSample]] = {}
         self.refused: list[str] = []
         self.phases_s = dict.fromkeys((*PHASES, READING), 0.0)
@@ -135,15 +144,16 @@ class InFlightMeasurer:
             self.phases_s[name] += self._clock() - started
 
     # -- readings and k ----------------------------------------------------------------------
-    def _read(self) -> StepReading:
-        """The latest reading; notes when it changed, which tells how often the plugin syncs
-        (a reading through /metrics changes on every sync while the engine steps), and the mean
-        step time of the steps since the reading before."""
+    def _read(self, fetch: Callable[[], StepReading] | None = None) -> StepReading:
+        """The latest reading (``fetch``: taken otherwise than by a plain read); notes when it
+        changed, which tells how often the plugin syncs (a reading through /metrics changes on
+        every sync while the engine steps), and the mean step time of the steps since the
+        reading before."""
         errors = self._traffic.failures()
         if errors:
             raise MeasurementError(f"a timed request failed: {errors[0]}")
         started = self._clock()
-        reading = self._engine.step_reading()
+        reading = (fetch or self._engine.step_reading)()
         self.phases_s[READING] += self._clock() - started
         self._fresh = self._engine.readings_fresh
         self.events["reads"] += 1
@@ -215,9 +225,46 @@ class InFlightMeasurer:
             return False
         with self._phase("k_switch"):
             self._engine.set_k_everywhere(k, self._max)
-        self._k = k
-        self.events["k_switches"] += 1
+        self._switched_to(k)
         return True
+
+    def _switched_to(self, k: int) -> None:
+        self._k = k
+        self._switch_pending = True
+        self.events["k_switches"] += 1
+
+    def _k_for_window(self, k: int) -> bool:
+        """Set k for a window; whether k changed since the reading the window starts from (then
+        the old k's steps and a switch step come before its first)."""
+        self._set_k(k)
+        switched, self._switch_pending = self._switch_pending, False
+        return switched
+
+    def _read_or_switch(
+        self, batch: int, k: int, at_least: int, then_k: int
+    ) -> tuple[StepReading, bool]:
+        """A reading of a window at (``batch``, ``k``) in the engine call that sets ``then_k``
+        once the window's cell holds ``at_least`` steps: a window that is full is closed and the
+        next one's k set between the same two steps (no round trip between them, one old-k
+        step fewer). A server without that call gets a read (and k is set after it, as
+        before). The reading, and whether it set ``then_k``."""
+        switched = False
+
+        def fetch() -> StepReading:
+            nonlocal switched
+            answer = self._engine.switch_k_when_full(
+                then_k, self._max, cell=(k, batch), at_least=at_least
+            )
+            if answer is None:
+                return self._engine.step_reading()
+            reading, switched = answer
+            return reading
+
+        reading = self._read(fetch)
+        if switched:
+            self._switched_to(then_k)
+            self.events["read_switches"] += 1
+        return reading, switched
 
     # -- holding B requests ------------------------------------------------------------------
     def _send(self, count: int) -> StepReading:
@@ -279,6 +326,7 @@ class InFlightMeasurer:
             previous = reading
             if found is None:
                 self._last = reading
+                self._switch_pending = False  # these steps ran at the current k
                 return
             problem = found
         raise MeasurementError(
@@ -293,23 +341,30 @@ class InFlightMeasurer:
         return totals.steps >= self._in.min_window_steps and totals.seconds >= self._in.window_max_s
 
     def _fill(
-        self, batch: int, k: int, before: StepReading, *, switched: bool
+        self, batch: int, k: int, before: StepReading, *, switched: bool, then_k: int | None
     ) -> tuple[StepReading, StepReading]:
-        """The reading that closes a window, and the window (its increase over ``before``)."""
+        """The reading that closes a window, and the window (its increase over ``before``);
+        with fresh readings, ``then_k`` (the next window's k) is set by the read that finds
+        the window full, in the same engine call."""
         with self._phase("fill"):
-            return self._fill_window(batch, k, before, switched=switched)
+            return self._fill_window(batch, k, before, switched=switched, then_k=then_k)
 
     def _fill_window(
-        self, batch: int, k: int, before: StepReading, *, switched: bool
+        self, batch: int, k: int, before: StepReading, *, switched: bool, then_k: int | None
     ) -> tuple[StepReading, StepReading]:
         deadline = self._clock() + self._in.window_timeout_s
         totals = CellTotals()
+        at_least = round(before.cell(k, batch).steps) + self._in.window_steps
         while self._clock() < deadline:
             self._sleep(self._next_read_in(batch, k, totals, switched=switched))
-            reading = self._read()
+            next_k_set = False
+            if self._fresh and then_k is not None and then_k != k:
+                reading, next_k_set = self._read_or_switch(batch, k, at_least, then_k)
+            else:
+                reading = self._read()
             window = reading.since(before)
             totals = window_totals(window, batch, k, stream=self._stream)
-            if self._full(totals):
+            if self._full(totals) or next_k_set:  # set: its cell holds window_steps more
                 self._step_at_k[k] = self._step_at[(batch, k)] = totals.mean_s
                 return reading, window
             if window_broken(window, batch, k, stream=self._stream):
@@ -333,16 +388,17 @@ class InFlightMeasurer:
             return wait_for_window(totals, step_s=step_s, settings=self._in, switched=switched)
         return self._in.metrics_poll_s
 
-    def window(self, batch: int, k: int, round_: int) -> float:
-        """One sample of (B, k): a window of steps that is exactly B decoding at k."""
+    def window(self, batch: int, k: int, round_: int, *, then_k: int | None = None) -> float:
+        """One sample of (B, k): a window of steps that is exactly B decoding at k; ``then_k``:
+        the next window's k, set as this one closes where the server can."""
         problem = ""
         for _ in range(self._in.attempts):
             started = self._clock()
             self._hold(batch, k)
             before = self._last
-            switched = self._set_k(k)
+            switched = self._k_for_window(k)
             reads = self.events["reads"]
-            after, window = self._fill(batch, k, before, switched=switched)
+            after, window = self._fill(batch, k, before, switched=switched, then_k=then_k)
             self._last = after
             found = window_problem(window, batch, k, stream=self._stream)
             if found is None:
@@ -398,18 +454,22 @@ class InFlightMeasurer:
             for k in ks:
                 self._hold(batch, k)
                 before = self._last
-                switched = self._set_k(k)
-                self._last, _ = self._fill(batch, k, before, switched=switched)
+                switched = self._k_for_window(k)
+                self._last, _ = self._fill(batch, k, before, switched=switched, then_k=None)
 
     def _cells(self, cells: Sequence[CellKey], round_: int) -> dict[CellKey, list[float]]:
         """``repeats`` windows of each cell, batch sizes in increasing order, k interleaved."""
         out: dict[CellKey, list[float]] = {}
-        for batch in sorted({b for b, _ in cells}):
-            ks = sorted(k for b, k in cells if b == batch)
-            for order in k_orders(ks, self._settings.repeats):
-                for k in order:
-                    out.setdefault((batch, k), []).append(self.window(batch, k, round_))
-                    self._reporter.advance(f"B={batch} k={k}")
+        plan = [
+            (batch, k)
+            for batch in sorted({b for b, _ in cells})
+            for order in k_orders(sorted(k for b, k in cells if b == batch), self._settings.repeats)
+            for k in order
+        ]
+        for (batch, k), coming in itertools.zip_longest(plan, plan[1:]):
+            then_k = None if coming is None else coming[1]
+            out.setdefault((batch, k), []).append(self.window(batch, k, round_, then_k=then_k))
+            self._reporter.advance(f"B={batch} k={k}")
         return out
 
     def measure(self, grid: Sequence[int], ks: Sequence[int]) -> TimingResult:
