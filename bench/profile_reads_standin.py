@@ -2,20 +2,22 @@
 plugin (tests/support/vllm_stand_in.py), bench/gpu/profile_fast.sh's dry run, in three variants
 run interleaved (the order rotated every round) and repeated (ROUNDS rounds, two grids each):
 
-  before   the profiler of BEFORE (main when branch gridfill started), reading the step cells
-           through the step-cells route
-  after    this checkout's profiler, through the route (k set before requests are sent, first
-           reads planned from the cell's previous window)
+  before   the profiler of BEFORE (main when branch switchread started), reading the step cells
+           through the step-cells route, then setting the next window's k (a second call)
+  after    this checkout's profiler, through the route: the read that finds a window full sets
+           the next window's k in the same engine call (a conditional table PUT)
   metrics  this checkout's profiler on a stand-in without the route (STAND_IN_OLD_PLUGIN=1:
            an older plugin; the profiler reads /metrics, as of the plugin's last sync)
 
-Same stand-in, same driver, same grid; only the profiler's source differs between before and
-after (BEFORE's src/ from git, first on PYTHONPATH).
+Same stand-in, same driver, same grid; only the source differs between before and after
+(BEFORE's src/ from git, first on PYTHONPATH: its profiler, and its plugin in the stand-in).
 
 A stand-in on a shared CPU: its steps are asyncio sleeps of a few ms on the event loop that
 also serves the reads, and it answers a read or a k switch at once, not between two steps as
-vLLM does; the numbers show where the wait went (reads, window ends, idle waits), not what an
-H200 takes. Writes bench/results/profile_fast_reads_standin.json.
+vLLM does (so the old-k step a read-then-switch loses on vLLM is not modelled here: the fake
+engine of tests/unit/test_profiler_inflight.py shows that one); the numbers show where the
+wait went (reads, window ends, idle waits, the switch's own call), not what an H200 takes.
+Writes bench/results/profile_fast_reads_standin.json.
 
     .venv/bin/python bench/profile_reads_standin.py [--rounds 2]
 """
@@ -45,7 +47,7 @@ DRIVER_ARGS = (  # as tests/integration/test_profile_fast_dry_run.py
     "--max-num-seqs 8 --dense-until 4 --grid-step 4 --cross-check 1,8 "
     "--acceptance-prompts 32 --acceptance-tokens 64"
 )
-BEFORE = "c1e20a5"  # main when branch gridfill started
+BEFORE = "d2d7389"  # main when branch switchread started
 VARIANTS = ("before", "after", "metrics")
 RUNS = ("run1", "run2")
 
@@ -69,6 +71,9 @@ def grid_breakdown(out: Path, run: str) -> dict[str, Any]:
         "fill_ms_per_window": 1000 * wall["timing.fill"] / count,
         "own_steps_ms_per_window": 1000 * own_s / count,
         "steps_per_window": dict(sorted(Counter(int(w["steps"]) for w in windows).items())),
+        "uncounted_steps_per_window": dict(
+            sorted(Counter(int(w["engine_steps"] - w["steps"]) for w in windows).items())
+        ),
         "median_steps_per_window": statistics.median(w["steps"] for w in windows),
     }
 
@@ -109,6 +114,8 @@ def medians(launches: list[dict[str, Any]]) -> dict[str, float]:
         "fill_ms_per_window": statistics.median(g["fill_ms_per_window"] for g in grids),
         "settle_s": statistics.median(g["phases_s"]["settle"] for g in grids),
         "k_switches": statistics.median(g["events"]["k_switches"] for g in grids),
+        "read_switches": statistics.median(g["events"].get("read_switches", 0) for g in grids),
+        "k_switch_s": statistics.median(g["phases_s"]["k_switch"] for g in grids),
     }
 
 
@@ -128,8 +135,9 @@ def main() -> None:
     summary = {v: medians(runs) for v, runs in launches.items()}
     payload = {
         "what": "fast profiler, in-flight grid on the CPU stand-in for vLLM + the plugin "
-        f"(bench/profile_reads_standin.py): the profiler of {BEFORE} (before) vs this "
-        "branch's (after), both reading step cells through the step-cells route, and this "
+        f"(bench/profile_reads_standin.py): the profiler of {BEFORE} (before: a read, then a "
+        "k switch) vs this branch's (after: the read that finds a window full sets the next "
+        "k in the same call), both reading step cells through the step-cells route, and this "
         "branch's through /metrics (an older plugin); interleaved, each launch two grids. "
         "A STAND-IN, NOT A GPU MEASUREMENT: its steps are asyncio sleeps of 2-11 ms on the "
         "event loop that also answers the reads, and reads and k switches are answered at "

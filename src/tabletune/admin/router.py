@@ -175,9 +175,9 @@ def _router(get_backend: BackendGetter, get_auth: AuthGetter) -> APIRouter:
             if_match = parse_if_match(request.headers.get("if-match"))
             body = await _parse_body(request, TablePut)
             answer = await backend.put_table(body, if_match)
-            if answer.step_cells is None:
-                return _view_response(answer.view)
-            return _view_response(answer.view, **{STEP_CELLS_FIELD: answer.step_cells.to_wire()})
+            read = answer.step_cells
+            extra = {} if read is None else {STEP_CELLS_FIELD: read.to_wire()}
+            return _view_response(answer.view, **extra)
 
         return await answered(request, write=True, respond=respond)
 

@@ -2,8 +2,9 @@
 
 The HTTP side calls ``engine_client.engine_core.call_utility_async(name, *args)``; the engine
 side answers with a plain dict (msgpack-safe) that carries either the new view or the refusal,
-so a 409/422 decided in the engine reaches the client with its status and reason intact
-(vLLM would turn a raised exception into a bare failure string).
+so a 409/412/422 decided in the engine reaches the client with its status and reason intact
+(vLLM would turn a raised exception into a bare failure string); a conditional table PUT's
+answer, accepted or 412, adds the step cells it was decided on.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ Readings come through the admin API's step-cells route where the server has it: 
 totals as of its last finished step, so waits are planned from step times (a window is read
 half a step before it should be full; the engine has stopped once no step came for a few step
 times). Through /metrics (an older plugin) they are as of the plugin's last sync: /metrics is
-polled and waits are counted in sync intervals.
+polled and waits are counted in sync intervals. Through the route, a window's reads are
+conditional table PUTs of the next window's k: the one that finds the window full sets that k
+in the same engine call, between the same two steps (a plugin without them: read, then set k).
 """
 
 from __future__ import annotations
