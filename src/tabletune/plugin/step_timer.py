@@ -97,10 +97,10 @@ class StepTimer:
 
     def to_wire(self) -> dict[str, Any]:
         """What the ``tabletune_get_step_cells`` utility answers (plain, msgpack-safe)."""
-        return {"started_at": self.started_at, **self.counter.to_wire()}
+        return self.read().to_wire()
 
     def read(self) -> StepCellsRead:
-        """The counts now, as ``to_wire`` gives them (a conditional table PUT decides on it)."""
+        """The counts now (a conditional table PUT decides on them; ``to_wire`` sends them)."""
         counter = self.counter
         return StepCellsRead(
             counter.totals(),

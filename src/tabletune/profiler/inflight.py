@@ -125,7 +125,6 @@ class InFlightMeasurer:
         self._step_times: deque[float] = deque(maxlen=8)
         self._step_at_k: dict[int, float] = {}  # the latest window's mean step time at each k
         self._step_at: dict[CellKey, float] = {}  # ... and at each (B, k)
-        self._fresh = False
         self._idle_since_change = False
         self._switch_pending = False  # k changed since the reading the next window starts from
         self._windows: dict[CellKey, list[WindowSample]] = {}
@@ -157,7 +156,6 @@ class InFlightMeasurer:
         started = self._clock()
         reading = (fetch or self._engine.step_reading)()
         self.phases_s[READING] += self._clock() - started
-        self._fresh = self._engine.readings_fresh
         self.events["reads"] += 1
         self.events["route_reads"] += self._fresh  # the rest came from /metrics
         if reading != self._read_last:
@@ -173,9 +171,14 @@ class InFlightMeasurer:
     def _note_step_time(self, reading: StepReading, earlier: StepReading) -> None:
         """From the totals' difference, not cell by cell: this runs between a window's last
         read and the next k switch, and the window's own ``since`` checks the counters."""
-        timed = _sum_steps(reading) - _sum_steps(earlier)
-        if timed > 0:
-            self._step_times.append((_sum_seconds(reading) - _sum_seconds(earlier)) / timed)
+        timed = reading.decoding.since(earlier.decoding)
+        if timed.steps > 0:
+            self._step_times.append(timed.mean_s)
+
+    @property
+    def _fresh(self) -> bool:
+        """Whether readings come through the route (as of the engine's last finished step)."""
+        return self._engine.readings_fresh
 
     @property
     def _step_s(self) -> float:
@@ -498,14 +501,6 @@ class InFlightMeasurer:
         result.refused = list(self.refused)
         result.events = dict(self.events)
         return result
-
-
-def _sum_steps(reading: StepReading) -> float:
-    return sum(t.steps for t in reading.cells.values())
-
-
-def _sum_seconds(reading: StepReading) -> float:
-    return sum(t.seconds for t in reading.cells.values())
 
 
 def details_of(windows: Sequence[WindowSample]) -> CellDetails:

@@ -53,13 +53,14 @@ class StepReading:
     switch_steps: float = 0.0
 
     @property
+    def decoding(self) -> CellTotals:
+        """The totals of every cell together: the steps that decoded."""
+        return sum(self.cells.values(), CellTotals())
+
+    @property
     def engine_steps(self) -> float:
         """Every step the engine timed: decoding, prefill-only and switch steps."""
-        return (
-            sum(t.steps for t in self.cells.values())
-            + self.steps_without_decode
-            + self.switch_steps
-        )
+        return self.decoding.steps + self.steps_without_decode + self.switch_steps
 
     def since(self, earlier: StepReading) -> StepReading:
         """The increase from ``earlier``; MeasurementError when a counter went back (the engine
