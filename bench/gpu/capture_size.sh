@@ -9,10 +9,10 @@
 #     bash bench/gpu/capture_size.sh
 # Results under $OUT (default /tmp/capture-size): capture_size.json (start-up time, GPU memory
 # after start, the engine log's capture sizes, capture time and graph memory, the run's
-# profiler summary: step ms per cell and each cell's graph), capture_size_h200.json, run1/
-# (the profile), the vLLM log excerpt. Compare with profile_fast.json of a default launch
-# (its start-up, memory, and the same cells): the cells past B*(k+1)=512 should drop from
-# 40-50 ms to the 10-15 ms of their neighbours. Env as profile_fast.sh; CAPTURE_SIZE (1024).
+# profiler summary: step ms per cell and each cell's graph), capture_size_h200.json,
+# capture_size_runs.tgz (run1/: the profile), the vLLM log excerpt. Compare with
+# profile_fast.json of a default launch (its start-up, memory, and the same cells): the cells
+# past B*(k+1)=512 should drop from 40-50 ms to the 10-15 ms of their neighbours. Env as profile_fast.sh; CAPTURE_SIZE (1024).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export CAPTURE_SIZE=${CAPTURE_SIZE:-1024}

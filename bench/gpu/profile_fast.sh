@@ -12,8 +12,9 @@
 #     .venv/bin/pip wheel --no-deps -w .gpu-bundle/p3/ .
 # Results under $OUT: profile_fast.json (meta with device, engine version, date, commit, start-up
 # time and GPU memory; each run's profiler summary; both tables; errors and skipped parts; the
-# report's summary), profile_fast_h200.json (the goals) and profile_fast_h200.png, run1/ and run2/
-# (each run's profile, summary, table, raw windows), profile_fast_vllm_log.txt (log excerpt),
+# report's summary), profile_fast_h200.json (the goals) and profile_fast_h200.png,
+# profile_fast_runs.tgz (run1/ and run2/: each run's profile, summary, table, raw windows; the
+# profile's paths name those folders), profile_fast_vllm_log.txt (log excerpt),
 # profile_fast_run_log.txt (this script's output). Then, here:
 #     .venv/bin/python bench/gpu/profile_fast_report.py profile_fast.json
 # writes bench/results/profile_fast_h200.json and its PNG.
@@ -184,5 +185,12 @@ stop_vllm
 trap - EXIT
 python3 bench/gpu/profile_fast_report.py "$OUT/$NAME.json" --out "$OUT/${NAME}_h200.json" \
   || { [ "$rc" -eq 0 ] && rc=3; }
+# Each run's folder packed into one archive: a device call brings back at most 8 files, and the
+# runs' 13 files (the raw windows among them) were left behind on 2026-12-01.
+runs=$(cd "$OUT" && ls -d run[0-9]* 2>/dev/null)
+if [[ -n $runs ]]; then
+  # shellcheck disable=SC2086  # folder names without spaces, one word each
+  tar -czf "$OUT/${NAME}_runs.tgz" -C "$OUT" --remove-files $runs || { [ "$rc" -eq 0 ] && rc=4; }
+fi
 echo "done in $(( $(date +%s) - started )) s (driver exit $rc)"
 exit "$rc"

@@ -7,6 +7,7 @@ puts it, before it spends H200 time."""
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -51,10 +52,15 @@ def test_the_gpu_job_profiles_twice_cross_checks_and_writes_its_results(tmp_path
     assert run1["in_flight_events"]["windows"] == 5 * 4 * 3
     # the stand-in's plugin has the step-cells route: every reading went there, none to /metrics
     assert run1["in_flight_events"]["route_reads"] == run1["in_flight_events"]["reads"]
+    # each run's folder is packed into one archive (a device call brings back at most 8 files)
+    assert not (tmp_path / "run1").exists()
+    assert len(list(tmp_path.iterdir())) <= 8
+    with tarfile.open(tmp_path / "profile_fast_runs.tgz") as runs:
+        runs.extractall(tmp_path / "unpacked", filter="data")
     for name in ("run1", "run2"):
-        profile = json.loads((tmp_path / name / "profile.json").read_text())
+        profile = json.loads((tmp_path / "unpacked" / name / "profile.json").read_text())
         assert profile["metadata"]["timing_method"] == "in-flight"
-        assert (tmp_path / name / "profile.raw.json").exists()
+        assert (tmp_path / "unpacked" / name / "profile.raw.json").exists()
     report = load_gpu_module("profile_fast_report")
     summary = report.summarize(raw)
     assert raw["summary"] == json.loads(json.dumps(summary))  # the driver embeds the same summary
