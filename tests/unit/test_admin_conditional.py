@@ -18,6 +18,7 @@ from tabletune.admin.protocol import (
     STEP_CELLS_PATH,
     TABLE_PATH,
     CellSteps,
+    EngineIdentity,
     StepCellsRead,
     TablePut,
     TableView,
@@ -174,7 +175,7 @@ def test_a_server_that_counts_no_step_cells_refuses_a_condition_with_404() -> No
     state = TableState.initial(START, num_speculative_tokens=K, max_num_seqs=MAX_NUM_SEQS)
     body = TablePut.model_validate(when(1, 5, 0))
     with pytest.raises(AdminError) as refused:
-        asyncio.run(LocalBackend(state, engine_version="0.26.0").put_table(body, None))
+        asyncio.run(LocalBackend(state, identity=EngineIdentity("0.26.0")).put_table(body, None))
     assert refused.value.status == 404
     controller = EngineTableController(state, lambda lookup: None, engine_version="0.26.0")
     assert controller.put_table(when(1, 5, 0), None)["status"] == 404

@@ -21,6 +21,7 @@ from tabletune.admin.protocol import (
     STEP_CELLS_FIELD,
     STEP_CELLS_PATH,
     TABLE_PATH,
+    EngineIdentity,
     SettingsPut,
     StepCellsRead,
     TablePut,
@@ -278,7 +279,7 @@ class StateAdminClient(InProcessAdmin):
             raise AdminRefused(error.status, error.detail) from None
         return self.state.view(
             plugin_version=__version__,
-            engine_version=self.engine_version,
-            model_name=self.model_name,
-            tensor_parallel_size=self.tensor_parallel_size,
+            identity=EngineIdentity(
+                self.engine_version, self.model_name, self.tensor_parallel_size
+            ),
         )

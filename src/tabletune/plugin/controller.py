@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from tabletune import __version__
 from tabletune.admin.protocol import (
+    EngineIdentity,
     SettingsPut,
     StepCellsRead,
     TablePut,
@@ -86,9 +87,9 @@ class EngineTableController:
     def view(self) -> TableView:
         view = self._state.view(
             plugin_version=__version__,
-            engine_version=self.engine_version,
-            model_name=self.model_name,
-            tensor_parallel_size=self.tensor_parallel_size,
+            identity=EngineIdentity(
+                self.engine_version, self.model_name, self.tensor_parallel_size
+            ),
         )
         return view.model_copy(
             update={
