@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 from bench.common import environment, write_result  # noqa: E402
 from bench.harness import Rig, Wall, daemon_settings  # noqa: E402
 from tabletune.admin.client import StateAdminClient  # noqa: E402
+from tabletune.admin.protocol import EngineIdentity  # noqa: E402
 from tabletune.admin.state import TableState  # noqa: E402
 from tabletune.daemon import logs  # noqa: E402
 from tabletune.daemon.alerts import AlertSink  # noqa: E402
@@ -274,7 +275,7 @@ def scale_child(
                     num_speculative_tokens=scenario.engine.num_speculative_tokens,
                     max_num_seqs=scenario.engine.max_num_seqs,
                 ),
-                model_name="qwen3-4b",
+                identity=EngineIdentity("0.26.0", "qwen3-4b"),
             )
             for url in replicas
         }

@@ -39,7 +39,7 @@ import numpy as np
 import structlog
 
 from tabletune.admin.client import AdminRefused, AdminRequest, InProcessAdmin
-from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.admin.protocol import EngineIdentity, SettingsPut, TablePut, TableView
 from tabletune.admin.state import AdminError, TableState
 from tabletune.baselines import (
     LinearStepModel,
@@ -234,7 +234,9 @@ class DaemonInTheLoop:
             max_num_seqs=engine.max_num_seqs,
         )
         engine.install(list(state.lookup))
-        self.plugin = EngineTableController(state, engine.install, engine_version="0.26.0")
+        self.plugin = EngineTableController(
+            state, engine.install, identity=EngineIdentity("0.26.0")
+        )
         admin = EngineSideAdmin(self.plugin)
         self.controller = Controller(
             settings=settings,

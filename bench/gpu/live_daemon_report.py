@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tabletune import __version__  # noqa: E402
+from tabletune.admin.protocol import EngineIdentity  # noqa: E402
 from tabletune.admin.state import TableState  # noqa: E402
 from tabletune.daemon.decide import Estimates, decide  # noqa: E402
 from tabletune.daemon.profiles import load_pools  # noqa: E402
@@ -74,7 +75,7 @@ def replay(raw: Row, *, rates: tuple[float, ...], load: int, part: str = "daemon
         exploration_interval=plugin.exploration_interval,
         hysteresis=plugin.hysteresis,
     )
-    view = state.view(plugin_version=__version__, engine_version="0.26.0")
+    view = state.view(plugin_version=__version__, identity=EngineIdentity("0.26.0"))
     out = []
     elapsed = 0.0
     for window in raw["windows"]:

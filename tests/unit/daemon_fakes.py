@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tabletune.admin.client import AdminRequest, StateAdminClient
-from tabletune.admin.protocol import SettingsPut, TablePut, TableView
+from tabletune.admin.protocol import EngineIdentity, SettingsPut, TablePut, TableView
 from tabletune.admin.state import TableState
 from tabletune.daemon.counters import mean_batch_of
 from tabletune.daemon.observation import Observation, SourceResult
@@ -138,7 +138,7 @@ class FakeAdmin(StateAdminClient):
 
     def __init__(self, engine: ModelEngine) -> None:
         self.engine = engine
-        super().__init__(engine.state, model_name="m")
+        super().__init__(engine.state, identity=EngineIdentity("0.26.0", "m"))
         self.fail_next = 0
         self.calls: list[str] = []
 

@@ -18,6 +18,7 @@ from tabletune.admin.protocol import (
     SETTINGS_PATH,
     STEP_CELLS_PATH,
     TABLE_PATH,
+    EngineIdentity,
     SettingsPut,
     StepCellsRead,
     TablePut,
@@ -29,14 +30,17 @@ from tabletune.step_cells import CellTotals, cell_key
 START = [[1, 1, 3], [2, 2, 2], [3, 3, 1], [4, 256, 0]]
 TOKEN = "0123456789abcdef-test"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ENGINE = EngineIdentity("0.26.0", "m")
 
 
 def make_client(
-    ranges: list[list[int]] | None = START, auth: AdminAuth | None = None
+    ranges: list[list[int]] | None = START,
+    auth: AdminAuth | None = None,
+    identity: EngineIdentity = ENGINE,
 ) -> tuple[TestClient, LocalBackend]:
     """An app whose admin API wants ``TOKEN`` (sent by the client) unless ``auth`` says else."""
     state = TableState.initial(ranges, num_speculative_tokens=3, max_num_seqs=256)
-    backend = LocalBackend(state, engine_version="0.26.0", model_name="m")
+    backend = LocalBackend(state, identity=identity)
     app = FastAPI()
     rules = AdminAuth(tokens=(TOKEN,)) if auth is None else auth
     install_admin_api(app, lambda request: backend, lambda request: rules)
@@ -58,6 +62,25 @@ def test_get_reports_everything_an_operator_needs() -> None:
     assert body["allowed_k"] == [0, 1, 2, 3] and body["num_speculative_tokens"] == 3
     assert body["engine_version"] == "0.26.0" and body["plugin_version"]
     assert response.headers["etag"] == '"0"'
+
+
+@given(
+    version=st.text(max_size=12),
+    model=st.none() | st.text(max_size=12),
+    tensor_parallel=st.none() | st.integers(1, 64),
+)
+@settings(max_examples=25, deadline=None)
+def test_the_engines_identity_goes_out_as_three_flat_fields(
+    version: str, model: str | None, tensor_parallel: int | None
+) -> None:
+    client, _ = make_client(identity=EngineIdentity(version, model, tensor_parallel))
+    body = client.get(TABLE_PATH).json()
+    assert "identity" not in body
+    assert (body["engine_version"], body["model_name"], body["tensor_parallel_size"]) == (
+        version,
+        model,
+        tensor_parallel,
+    )
 
 
 def test_put_swaps_whole_and_bumps_version() -> None:
@@ -153,7 +176,7 @@ CELLS = StepCellsRead(
 
 def test_step_cells_are_the_engines_totals_on_the_wire() -> None:
     state = TableState.initial(START, num_speculative_tokens=3, max_num_seqs=256)
-    backend = LocalBackend(state, engine_version="0.26.0", step_cells=lambda: CELLS)
+    backend = LocalBackend(state, identity=EngineIdentity("0.26.0"), step_cells=lambda: CELLS)
     app = FastAPI()
     install_admin_api(app, lambda request: backend, lambda request: AdminAuth(tokens=(TOKEN,)))
     client = TestClient(app)

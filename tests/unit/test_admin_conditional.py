@@ -18,6 +18,7 @@ from tabletune.admin.protocol import (
     STEP_CELLS_PATH,
     TABLE_PATH,
     CellSteps,
+    EngineIdentity,
     StepCellsRead,
     TablePut,
     TableView,
@@ -39,6 +40,7 @@ from tests.support.admin_apps import (
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ONE_K = {"table": [[1, MAX_NUM_SEQS, 2]]}
+ENGINE = EngineIdentity("0.26.0")
 
 
 def when(k: int, batch_size: int, at_least: object) -> dict[str, Any]:
@@ -159,7 +161,7 @@ def test_the_table_is_swapped_exactly_when_the_cell_holds_the_steps(
     installed: list[object] = []
     state = TableState.initial(START, num_speculative_tokens=K, max_num_seqs=MAX_NUM_SEQS)
     controller = EngineTableController(
-        state, installed.append, engine_version="0.26.0", read_cells=timer.read
+        state, installed.append, identity=ENGINE, read_cells=timer.read
     )
     answer = controller.put_table(when(1, asked, at_least), None)
     held = timer.read().cells.get((1, *cell_of(asked)), CellTotals()).steps
@@ -174,9 +176,9 @@ def test_a_server_that_counts_no_step_cells_refuses_a_condition_with_404() -> No
     state = TableState.initial(START, num_speculative_tokens=K, max_num_seqs=MAX_NUM_SEQS)
     body = TablePut.model_validate(when(1, 5, 0))
     with pytest.raises(AdminError) as refused:
-        asyncio.run(LocalBackend(state, engine_version="0.26.0").put_table(body, None))
+        asyncio.run(LocalBackend(state, identity=ENGINE).put_table(body, None))
     assert refused.value.status == 404
-    controller = EngineTableController(state, lambda lookup: None, engine_version="0.26.0")
+    controller = EngineTableController(state, lambda lookup: None, identity=ENGINE)
     assert controller.put_table(when(1, 5, 0), None)["status"] == 404
     assert controller.state == state
 
@@ -186,7 +188,7 @@ def test_the_http_side_hands_on_the_reading_of_either_answer() -> None:
     count_steps(timer, batch=4, k=1, steps=3)
     state = TableState.initial(START, num_speculative_tokens=K, max_num_seqs=MAX_NUM_SEQS)
     controller = EngineTableController(
-        state, lambda lookup: None, engine_version="0.26.0", read_cells=timer.read
+        state, lambda lookup: None, identity=ENGINE, read_cells=timer.read
     )
     sent: list[object] = []
     reads: list[StepCellsRead] = []

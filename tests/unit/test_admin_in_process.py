@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tabletune.admin.client import AdminRefused, StateAdminClient
+from tabletune.admin.protocol import EngineIdentity
 from tabletune.admin.state import TableState
 
 START = [[1, 8, 3], [9, 64, 1]]
@@ -13,7 +14,8 @@ START = [[1, 8, 3], [9, 64, 1]]
 
 def _client() -> StateAdminClient:
     return StateAdminClient(
-        TableState.initial(START, num_speculative_tokens=3, max_num_seqs=64), model_name="m"
+        TableState.initial(START, num_speculative_tokens=3, max_num_seqs=64),
+        identity=EngineIdentity("0.26.0", "m"),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -358,7 +359,8 @@ def test_a_replica_on_another_tensor_parallel_size_than_its_profile_is_warned(
     profiled: int | None, live: int | None, warned: bool
 ) -> None:
     rig = Rig(settings_with(), profile_tensor_parallel_size=profiled)
-    rig.admins["r1"].tensor_parallel_size = live
+    admin = rig.admins["r1"]
+    admin.identity = replace(admin.identity, tensor_parallel_size=live)
     rig.cycles(3)
     assert (names.PROFILE_SETUP in rig.alert_names()) is warned
     if warned:

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletune import __version__
+from tabletune.admin.protocol import EngineIdentity
 from tabletune.admin.state import TableState
 from tabletune.daemon.decide import Estimates, decide
 from tabletune.daemon.guard import GoodputHistory, GoodputSample, PendingCheck
@@ -47,7 +48,7 @@ def _view(exploration: int = 50, hysteresis: int = 2) -> object:
         neighbour_interval=32,
         neighbour_burst=4,
     )
-    return state.view(plugin_version=__version__, engine_version="0.26.0")
+    return state.view(plugin_version=__version__, identity=EngineIdentity("0.26.0"))
 
 
 def _runtime(**changes: object) -> ReplicaRuntime:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tabletune.admin.protocol import EngineIdentity
 from tabletune.admin.state import AdminError, TableState
 from tabletune.plugin.bandit import NightjarLookup
 from tabletune.plugin.controller import EngineTableController
@@ -132,7 +133,7 @@ def test_settings_refusal_keeps_the_policy() -> None:
 def test_install_is_one_assignment_of_a_complete_lookup() -> None:
     installed: list[object] = []
     state = TableState.initial(START, num_speculative_tokens=3, max_num_seqs=8)
-    controller = EngineTableController(state, installed.append, engine_version="x")
+    controller = EngineTableController(state, installed.append, identity=EngineIdentity("x"))
     controller.put_table({"table": [[1, 4, 3], [5, 8, 0]]}, None)
     assert installed == [[0, 3, 3, 3, 3, 0, 0, 0, 0]]
 

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from tabletune.admin.auth import AdminAuth
 from tabletune.admin.local import LocalBackend
+from tabletune.admin.protocol import EngineIdentity
 from tabletune.admin.router import install_admin_api
 from tabletune.admin.state import TableState
 from tabletune.profiler.hook_protocol import HOOK_METHOD, SamplerMode
@@ -110,8 +111,9 @@ class FakeEngine:
             )
             self.backend = LocalBackend(
                 state,
-                engine_version=config.engine_version,
-                tensor_parallel_size=config.tensor_parallel_size,
+                identity=EngineIdentity(
+                    config.engine_version, tensor_parallel_size=config.tensor_parallel_size
+                ),
             )
         self._initial_state = self.backend.state if self.backend else None
         self.app = self._build_app()

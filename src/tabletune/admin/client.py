@@ -21,6 +21,7 @@ from tabletune.admin.protocol import (
     STEP_CELLS_FIELD,
     STEP_CELLS_PATH,
     TABLE_PATH,
+    EngineIdentity,
     SettingsPut,
     StepCellsRead,
     TablePut,
@@ -251,22 +252,17 @@ def _validated(model: type[Body], body: Mapping[str, object]) -> Body:
         raise AdminRefused(422, describe_problems(error)) from None
 
 
+IN_PROCESS_ENGINE = EngineIdentity("0.26.0")
+"""What a ``StateAdminClient`` reports unless told: the vLLM release TableTune runs on."""
+
+
 class StateAdminClient(InProcessAdmin):
     """An in-process admin side over a ``TableState``: the real state transitions, for
     benchmarks and tests that drive the daemon in process."""
 
-    def __init__(
-        self,
-        state: TableState,
-        *,
-        engine_version: str = "0.26.0",
-        model_name: str | None = None,
-        tensor_parallel_size: int | None = None,
-    ) -> None:
+    def __init__(self, state: TableState, *, identity: EngineIdentity = IN_PROCESS_ENGINE) -> None:
         self.state = state
-        self.engine_version = engine_version
-        self.model_name = model_name
-        self.tensor_parallel_size = tensor_parallel_size
+        self.identity = identity
 
     def answer(self, request: AdminRequest, if_match: int | None) -> TableView:
         try:
@@ -276,9 +272,4 @@ class StateAdminClient(InProcessAdmin):
                 self.state = self.state.with_settings(request, if_match=if_match)
         except AdminError as error:
             raise AdminRefused(error.status, error.detail) from None
-        return self.state.view(
-            plugin_version=__version__,
-            engine_version=self.engine_version,
-            model_name=self.model_name,
-            tensor_parallel_size=self.tensor_parallel_size,
-        )
+        return self.state.view(plugin_version=__version__, identity=self.identity)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from tabletune import __version__
 from tabletune.admin.protocol import (
+    EngineIdentity,
     SettingsPut,
     StepCellsRead,
     TableAnswer,
@@ -24,16 +25,12 @@ class LocalBackend:
         self,
         state: TableState,
         *,
-        engine_version: str,
-        model_name: str | None = None,
-        tensor_parallel_size: int | None = None,
+        identity: EngineIdentity,
         step_cells: Callable[[], StepCellsRead] | None = None,
     ) -> None:
         self._state = state
         self._lock = threading.Lock()
-        self.engine_version = engine_version
-        self.model_name = model_name
-        self.tensor_parallel_size = tensor_parallel_size
+        self.identity = identity
         self.step_cells = step_cells
         """what counts the step cells (None: nothing, the route answers 404)"""
 
@@ -42,12 +39,7 @@ class LocalBackend:
         return self._state
 
     def _view(self) -> TableView:
-        return self._state.view(
-            plugin_version=__version__,
-            engine_version=self.engine_version,
-            model_name=self.model_name,
-            tensor_parallel_size=self.tensor_parallel_size,
-        )
+        return self._state.view(plugin_version=__version__, identity=self.identity)
 
     async def get_view(self) -> TableView:
         return self._view()

@@ -37,6 +37,16 @@ StepPolicyName = Literal["table", "nightjar"]
 MAX_NIGHTJAR_EXPLORATION = 100.0
 
 
+@dataclass(frozen=True)
+class EngineIdentity:
+    """Which engine a table state belongs to: fixed when the engine starts, handed whole to
+    whatever answers for it. The table view carries it as three flat fields of the same names."""
+
+    engine_version: str
+    model_name: str | None = None
+    tensor_parallel_size: int | None = None  # None: the engine does not report it
+
+
 class TableView(BaseModel):
     """What ``GET /tabletune/v1/table`` returns."""
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from tabletune.admin.protocol import (
     CellSteps,
+    EngineIdentity,
     SettingsPut,
     StepCellsRead,
     StepPolicyName,
@@ -244,14 +245,7 @@ class TableState:
                 409, f"version mismatch: If-Match {if_match}, current version {self.version}"
             )
 
-    def view(
-        self,
-        *,
-        plugin_version: str,
-        engine_version: str,
-        model_name: str | None = None,
-        tensor_parallel_size: int | None = None,
-    ) -> TableView:
+    def view(self, *, plugin_version: str, identity: EngineIdentity) -> TableView:
         return TableView(
             dynamic=self.dynamic,
             table=None if self.ranges is None else [list(r) for r in self.ranges],
@@ -268,8 +262,8 @@ class TableState:
             policy=self.policy,
             nightjar_exploration=self.nightjar_exploration,
             plugin_version=plugin_version,
-            engine_version=engine_version,
-            model_name=model_name,
-            tensor_parallel_size=tensor_parallel_size,
+            engine_version=identity.engine_version,
+            model_name=identity.model_name,
+            tensor_parallel_size=identity.tensor_parallel_size,
             reason=None if self.dynamic else "static num_speculative_tokens (no table at start)",
         )

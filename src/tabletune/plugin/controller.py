@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from tabletune import __version__
 from tabletune.admin.protocol import (
+    EngineIdentity,
     SettingsPut,
     StepCellsRead,
     TablePut,
@@ -43,9 +44,7 @@ class EngineTableController:
         state: TableState,
         install: Install,
         *,
-        engine_version: str,
-        model_name: str | None = None,
-        tensor_parallel_size: int | None = None,
+        identity: EngineIdentity,
         timer: StepTimer | None = None,
         read_cells: Callable[[], StepCellsRead] | None = None,
     ) -> None:
@@ -58,9 +57,7 @@ class EngineTableController:
         self._retired_exploration_steps = 0
         self._retired_neighbour_steps = 0
         self._retired_nightjar_steps = 0
-        self.engine_version = engine_version
-        self.model_name = model_name
-        self.tensor_parallel_size = tensor_parallel_size
+        self.identity = identity
         if timer is not None:
             timer.set_enabled(state.step_timing)
 
@@ -84,12 +81,7 @@ class EngineTableController:
         return self._retired_nightjar_steps + live
 
     def view(self) -> TableView:
-        view = self._state.view(
-            plugin_version=__version__,
-            engine_version=self.engine_version,
-            model_name=self.model_name,
-            tensor_parallel_size=self.tensor_parallel_size,
-        )
+        view = self._state.view(plugin_version=__version__, identity=self.identity)
         return view.model_copy(
             update={
                 "exploration_steps": self.exploration_steps,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
+from tabletune.admin.protocol import EngineIdentity
 from tabletune.admin.state import TableState
 from tabletune.plugin.bandit import NightjarLookup
 from tabletune.plugin.compat import is_affected_version, wrap_init_candidates
@@ -173,12 +174,11 @@ def build_controller(core: Any, *, engine_version: str) -> EngineTableController
     # A profile holds for one parallel layout: the view reports it so the daemon can check.
     parallel = getattr(core.vllm_config, "parallel_config", None)
     tensor_parallel = getattr(parallel, "tensor_parallel_size", None)
-    return EngineTableController(
-        state,
-        install,
-        engine_version=engine_version,
+    identity = EngineIdentity(
+        engine_version,
         model_name=None if model_name is None else str(model_name),
         tensor_parallel_size=None if tensor_parallel is None else int(tensor_parallel),
-        timer=timer,
-        read_cells=timer.read,
+    )
+    return EngineTableController(
+        state, install, identity=identity, timer=timer, read_cells=timer.read
     )

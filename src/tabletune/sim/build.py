@@ -114,9 +114,7 @@ def start_engine_side(
     controller = EngineTableController(
         state,
         engine.install,
-        engine_version=scenario.engine.engine_version,
-        model_name=scenario.engine.model_name,
-        tensor_parallel_size=scenario.engine.tensor_parallel_size,
+        identity=scenario.engine.identity(),
         read_cells=read_cells,
     )
     settings = SettingsPut(

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from tabletune.admin.protocol import EngineIdentity
 from tabletune.errors import InputError
 from tabletune.schemas.io import describe_validation_error
 from tabletune.schemas.table import TableError, normalize_ranges
@@ -82,6 +83,10 @@ class EngineSpec(_Model):
             except TableError as error:
                 raise ValueError(f"starting_table: {error}") from None
         return self
+
+    def identity(self) -> EngineIdentity:
+        """The emulated engine's identity, as the plugin's table view reports it."""
+        return EngineIdentity(self.engine_version, self.model_name, self.tensor_parallel_size)
 
 
 # Loads: the number of running requests B(t). B above max_num_seqs waits (vLLM queues it).
