@@ -4,7 +4,6 @@ while then gone; the logger stopped by SIGTERM, or gone with the process that st
 
 from __future__ import annotations
 
-import csv
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gpu_jobs import GPU
+from tests.support.gpu_jobs import GPU, rows_of
 
 pytestmark = pytest.mark.integration
 
@@ -45,15 +44,6 @@ def gone(pid: int) -> bool:
         return "zombie" in Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return True
-
-
-def rows_of(path: Path) -> list[dict[str, str]]:
-    text = path.read_text()
-    assert text.endswith("\n")  # the last line whole
-    rows = list(csv.reader(text.splitlines()))
-    width = len(rows[0])
-    assert all(len(row) == width for row in rows)
-    return [dict(zip(rows[0], row, strict=True)) for row in rows[1:]]
 
 
 def test_the_logger_sees_the_groups_busy_process_come_and_go_and_stops_on_sigterm(
