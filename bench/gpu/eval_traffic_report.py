@@ -205,14 +205,27 @@ def pearson(pairs: list[tuple[float | None, float | None]]) -> Row:
     return {"r": r, "n": len(kept)}
 
 
+def around_arm_medians(lines: list[Row], values: list[float | None]) -> list[float | None]:
+    """Each window's value less the median of its arm's values: what a window adds to its
+    arm's level (arms differ in k, so in tokens/s and step time alike)."""
+    by_arm: dict[str, list[float]] = {}
+    for line, value in zip(lines, values, strict=True):
+        if value is not None:
+            by_arm.setdefault(line["arm"], []).append(value)
+    medians = {arm: statistics.median(known) for arm, known in by_arm.items()}
+    return [None if value is None else value - medians[line["arm"]]
+            for line, value in zip(lines, values, strict=True)]  # fmt: skip
+
+
 def digits(name: str) -> int:
     return 3 if name in FRACTIONS else 1
 
 
 def stalls(lines: list[Row]) -> Row:
     """A load's arm windows whose GPU was busy less than STALL_GPU_PCT (how many, which arms),
-    tokens/s correlated with what a host-side stall moves, and those figures' means in the
-    stalled windows and the others. Host figures only where the host log was joined
+    tokens/s correlated with what a host-side stall moves (as measured, and within arms: both
+    around their arm's median, since the arms' k set their own levels), and those figures'
+    means in the stalled windows and the others. Host figures only where the host log was joined
     (host_load.csv, since 2026-12-01), the GPU's where the GPU log was; a note says which is
     missing."""
     rows = [figures(line) for line in lines]
@@ -228,6 +241,11 @@ def stalls(lines: list[Row]) -> Row:
                                   "core's CPU, its run-queue wait and steal not known"]),
     ]  # fmt: skip
 
+    def within(name: str) -> Row:
+        tokens = around_arm_medians(lines, [f["tokens_per_s"] for f in rows])
+        figure = around_arm_medians(lines, [f[name] for f in rows])
+        return pearson(list(zip(tokens, figure, strict=True)))
+
     def means(name: str) -> Row:
         return {group: mean_of([rows[i][name] for i in held], digits(name))
                 for group, held in (("stalled", stalled), ("other", other))}  # fmt: skip
@@ -241,6 +259,9 @@ def stalls(lines: list[Row]) -> Row:
         "pearson_r_of_tokens_per_s_with": {
             name: pearson([(f["tokens_per_s"], f[name]) for f in rows]) if name in known else None
             for name in CORRELATED
+        },
+        "pearson_r_within_arms": {
+            name: within(name) if name in known else None for name in CORRELATED
         },
         "stalled_vs_other": {name: means(name) for name in known} if with_gpu else None,
         **({"note": "; ".join(notes)} if notes else {}),

@@ -529,3 +529,25 @@ def test_the_report_reads_the_host_log_beside_the_raw_file_or_the_one_named(
     done = subprocess.run([*command, "--host-load", str(tmp_path / "other.csv")],
                           capture_output=True, text=True, cwd=root)  # fmt: skip
     assert done.returncode == 2 and "--host-load" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_within_arms_a_figure_is_correlated_around_each_arms_median(report: ModuleType) -> None:
+    """k3 runs longer steps and makes more tokens than k1: across arms the mean step goes with
+    tokens/s, within each arm a longer step costs tokens (r = -1)."""
+
+    def line(index: int, arm: str, tokens: float, step_ms: float) -> dict[str, Any]:
+        engine = {"steps": 100.0, "mean_step_ms": step_ms, "prompt_tokens_per_s": 1.0,
+                  "mean_running": 190.0}  # fmt: skip
+        return {"index": index, "arm": arm, "tokens_per_s": tokens, "engine": engine,
+                "gpu": {"utilization_pct": 95.0}}  # fmt: skip
+
+    lines = [
+        line(0, "k1", 10000.0, 30.0), line(1, "k3", 12000.0, 40.0),
+        line(2, "k1", 9000.0, 33.0), line(3, "k3", 11000.0, 43.0),
+        line(4, "k1", 9500.0, 31.5), line(5, "k3", 12500.0, 38.5),
+    ]  # fmt: skip
+    stalls = report.stalls(lines)
+    assert stalls["pearson_r_of_tokens_per_s_with"]["mean_step_ms"]["r"] > 0.5
+    within = stalls["pearson_r_within_arms"]
+    assert within["mean_step_ms"] == {"r": -1.0, "n": 6}
+    assert within["gpu_utilization_pct"] == {"r": None, "n": 6}  # flat
