@@ -18,11 +18,11 @@ window in ``windows`` gets the mean SM clock, utilization and power and the thro
 inside it (gpu_clocks.py; windows of runs that did not record their times are aligned by the
 driver's schedule and marked approximate). With the host's once-a-second CPU log (--host-load,
 or the job's host_load.csv beside RAW; host_load.py), the host's busy and steal shares and the
-engine core's CPU, run-queue wait and involuntary switches in each window. Every window also
+engine core's CPU, run-queue wait and context switches in each window. Every window also
 gets what the engine did (its raw row: steps, mean decoding step, prompt tokens/s, running
 batch), and each load a ``stalls`` summary: the windows whose GPU was busy under 80 % (count,
-arms), tokens/s correlated with the GPU's busy share, the mean step and the host figures, and
-those figures in the stalled windows against the others; a run without a log says which it
+arms), tokens/s correlated with the GPU's busy share, the mean step and the host figures (as
+measured and within arms), and those figures in the stalled windows against the others; a run without a log says which it
 lacks. The daemon's convergence windows and the table it ended with. Goals
 (issue 16): the daemon's worst-load loss <= 3 % (<= 1.5 % decode-heavy); the Nightjar-style
 bandit's (the ``nightjar`` arm, in the engine) >= 3x the daemon's; the Nightjar-style
@@ -66,6 +66,7 @@ MIN_PAIRS = 3  # a correlation needs at least this many windows
 HOST_FIGURES = (
     "engine_core_cpu",
     "engine_core_runqueue_wait",
+    "engine_core_voluntary_per_s",
     "engine_core_involuntary_per_s",
     "api_server_cpu",
 )  # host_load.window_host's, by the names a window line gives

@@ -1,10 +1,11 @@
 """The host's once-a-second CPU log (host_logger.py's host_load.csv, written by
 live_step_time.sh beside gpu_clocks.csv) set beside measurement windows: per window the host's
 busy, iowait and steal shares and, for vLLM's processes, the engine core's CPU, its main
-thread's run-queue wait and involuntary context switches, and the API server's CPU. With the
+thread's run-queue wait and context switches, and the API server's CPU. With the
 GPU's busy share (gpu_clocks.py) it tells a window where the GPU waited on the host apart by
-cause: the engine core busy on its own work (CPU up, no wait, no steal), contention inside the
-VM (run-queue wait, involuntary switches) or the hypervisor (steal).
+cause: the engine core busy on its own work (CPU up, no wait, no steal), waiting on something
+else (CPU down, voluntary switches up), contention inside the VM (run-queue wait, involuntary
+switches) or the hypervisor (steal).
 
 A sample covers the interval before its time; it counts for a window only when that whole
 interval lies inside the window (a 4 s window gets 3 or 4 one-second samples). Windows are
@@ -113,6 +114,9 @@ def window_host(samples: list[HostSample], start: datetime, end: datetime) -> Ro
         "engine_core_cpu": mean_of([s.role_total(ENGINE_CORE, "cpu") for s in held], 3),
         "engine_core_runqueue_wait": mean_of(
             [s.role_total(ENGINE_CORE, "runqueue_wait") for s in held], 3
+        ),
+        "engine_core_voluntary_per_s": mean_of(
+            [s.role_total(ENGINE_CORE, "voluntary_per_s") for s in held]
         ),
         "engine_core_involuntary_per_s": mean_of(
             [s.role_total(ENGINE_CORE, "involuntary_per_s") for s in held]

@@ -440,7 +440,8 @@ def stall_run(with_host: bool) -> tuple[dict[str, Any], str]:
             row["host"] = {
                 "samples": 3, "busy_share": 0.12, "iowait_share": 0.0, "steal_share": 0.0,
                 "engine_core_cpu": 1.02, "engine_core_runqueue_wait": (100.0 - util) / 1000,
-                "engine_core_involuntary_per_s": 20.0, "api_server_cpu": 0.6,
+                "engine_core_voluntary_per_s": 2.0, "engine_core_involuntary_per_s": 20.0,
+                "api_server_cpu": 0.6,
             }  # fmt: skip
         rows.append(row)
     return raw_run(rows, [{"part": part, "shape": "chat-like", "clients": 192}]), part

@@ -76,6 +76,7 @@ def test_a_window_gets_the_means_of_the_seconds_wholly_inside_it(host: ModuleTyp
         "steal_share": 0.04,
         "engine_core_cpu": 0.6,
         "engine_core_runqueue_wait": 0.04,
+        "engine_core_voluntary_per_s": 2.0,
         "engine_core_involuntary_per_s": 40.0,
         "api_server_cpu": 0.6,
     }
