@@ -22,11 +22,11 @@ engine core's CPU, run-queue wait and context switches in each window. Every win
 gets what the engine did (its raw row: steps, mean decoding step, prompt tokens/s, running
 batch), and each load a ``stalls`` summary: the windows whose GPU was busy under 80 % (count,
 arms), tokens/s correlated with the GPU's busy share, the mean step and the host figures (as
-measured and within arms), and those figures in the stalled windows against the others; a run without a log says which it
-lacks. The daemon's convergence windows and the table it ended with. Goals
-(issue 16): the daemon's worst-load loss <= 3 % (<= 1.5 % decode-heavy); the Nightjar-style
-bandit's (the ``nightjar`` arm, in the engine) >= 3x the daemon's; the Nightjar-style
-comparison and the shape change are reported as not run when they were not.
+measured and within arms), and those figures in the stalled windows against the others; a
+run without a log says which it lacks. The daemon's convergence windows and the table it ended
+with. Goals (issue 16): the daemon's worst-load loss <= 3 % (<= 1.5 % decode-heavy); the
+Nightjar-style bandit's (the ``nightjar`` arm, in the engine) >= 3x the daemon's; the
+Nightjar-style comparison and the shape change are reported as not run when they were not.
 
     .venv/bin/python bench/gpu/eval_traffic_report.py RAW.json [--out OUT.json] [--name NAME]
         [--gpu-clocks CSV] [--gpu-index 1] [--host-load CSV]
