@@ -33,10 +33,16 @@
 # comes before which, so that is not waited for.
 # Results under $OUT: eval_traffic.json (every window's raw row, with its start and end in
 # UTC), eval_traffic_h200.json (the report), gpu_clocks.csv (nvidia-smi once a second),
+# host_load.csv (bench/gpu/host_logger.py once a second: the host's busy, iowait and steal
+# shares; per process of vLLM's group its role, CPU, run-queue wait and context switches),
 # live_step_time_run_log.txt, live_step_time_vllm_log.txt. Then, here:
 #     .venv/bin/python bench/gpu/eval_traffic_report.py eval_traffic.json
-# writes bench/results/eval_traffic_<shape>_h200.json and its PNG (the GPU log beside the raw
-# file is read on its own: --gpu-clocks CSV --gpu-index N for one kept elsewhere).
+# writes bench/results/eval_traffic_<shape>_h200.json and its PNG (the GPU and host logs beside
+# the raw file are read on their own: --gpu-clocks CSV --gpu-index N and --host-load CSV for
+# ones kept elsewhere). Its per-load ``stalls`` tells a window where the GPU waited on the host
+# by cause (bench/README.md, "Users' traffic"): the engine core's CPU near 1.0 without run-queue
+# wait or steal, its own work (a GC pause...); run-queue wait and involuntary switches,
+# contention in the VM; steal, the hypervisor.
 # A CPU dry run against the plugin-based stand-in (about two minutes):
 #     WHEEL=none SERVER_MODULE=tests.support.vllm_stand_in PYTHONPATH=src:. BUDGET_S=240 \
 #     TABLETUNE_SYNC_INTERVAL_S=0.2 DRIVER_ARGS="--loads 4,8 --warmup-s 1 --window-s 1 \

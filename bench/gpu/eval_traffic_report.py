@@ -16,14 +16,20 @@ running one and the same k are compared paired as well (the null). Rounds planne
 With the GPUs' once-a-second log (--gpu-clocks, or the job's gpu_clocks.csv beside RAW), every
 window in ``windows`` gets the mean SM clock, utilization and power and the throttle reasons seen
 inside it (gpu_clocks.py; windows of runs that did not record their times are aligned by the
-driver's schedule and marked approximate). The daemon's convergence windows and the table it
-ended with. Goals
-(issue 16): the daemon's worst-load loss <= 3 % (<= 1.5 % decode-heavy); the Nightjar-style
-bandit's (the ``nightjar`` arm, in the engine) >= 3x the daemon's; the Nightjar-style
-comparison and the shape change are reported as not run when they were not.
+driver's schedule and marked approximate). With the host's once-a-second CPU log (--host-load,
+or the job's host_load.csv beside RAW; host_load.py), the host's busy and steal shares and the
+engine core's CPU, run-queue wait and context switches in each window. Every window also
+gets what the engine did (its raw row: steps, mean decoding step, prompt tokens/s, running
+batch), and each load a ``stalls`` summary: the windows whose GPU was busy under 80 % (count,
+arms), tokens/s correlated with the GPU's busy share, the mean step and the host figures (as
+measured and within arms), and those figures in the stalled windows against the others; a
+run without a log says which it lacks. The daemon's convergence windows and the table it ended
+with. Goals (issue 16): the daemon's worst-load loss <= 3 % (<= 1.5 % decode-heavy); the
+Nightjar-style bandit's (the ``nightjar`` arm, in the engine) >= 3x the daemon's; the
+Nightjar-style comparison and the shape change are reported as not run when they were not.
 
     .venv/bin/python bench/gpu/eval_traffic_report.py RAW.json [--out OUT.json] [--name NAME]
-        [--gpu-clocks CSV] [--gpu-index 1]
+        [--gpu-clocks CSV] [--gpu-index 1] [--host-load CSV]
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import json
 import math
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +48,37 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import goal  # noqa: E402
-from gpu_clocks import annotate, job_gpus, read_clocks  # noqa: E402
+from gpu_clocks import annotate, job_gpus, mean_of, read_clocks  # noqa: E402
+from host_load import annotate as annotate_host  # noqa: E402
+from host_load import read_host_load  # noqa: E402
 from live_daemon_report import replay  # noqa: E402  (this script's folder is first on sys.path)
 from live_step_time_report import pooled, throughput  # noqa: E402
+
+from tabletune.step_cells import CellTotals  # noqa: E402
 
 Row = dict[str, Any]
 FIXED = ("k0", "k1", "k2", "k3")
 SINGLE_K = 0.99  # an arm whose steps ran at one k this often is that fixed-k configuration
 NIGHTJAR = "nightjar"  # the arm of the Nightjar-style bandit run in the engine
 NIGHTJAR_FACTOR = 3.0  # issue 16: its worst-load loss at least this many times the daemon's
+STALL_GPU_PCT = 80  # a window whose GPU was busy less than this waited on the host
+MIN_PAIRS = 3  # a correlation needs at least this many windows
+HOST_FIGURES = (
+    "engine_core_cpu",
+    "engine_core_runqueue_wait",
+    "engine_core_voluntary_per_s",
+    "engine_core_involuntary_per_s",
+    "api_server_cpu",
+)  # host_load.window_host's, by the names a window line gives
+FROM_HOST_LOG = (*HOST_FIGURES, "host_busy_share", "host_steal_share")
+FRACTIONS = {n for n in FROM_HOST_LOG if not n.endswith("_per_s")}  # 3 decimals; others 1
+CORRELATED = (
+    "gpu_utilization_pct",
+    "mean_step_ms",
+    "engine_core_cpu",
+    "engine_core_runqueue_wait",
+    "host_steal_share",
+)  # with tokens/s, per load
 
 
 def arm_summary(windows: list[Row]) -> Row:
@@ -121,11 +150,123 @@ def paired(rounds: list[dict[str, float]], arm: str, against: str) -> Row:
     }
 
 
+def window_engine(w: Row) -> Row:
+    """What the engine did in a window, from its raw row: its steps (vLLM's
+    iteration_tokens_total count), mean decoding step (the plugin's cells: their seconds over
+    their steps), prompt tokens per second and mean running batch."""
+    counters = w.get("vllm") or {}
+    decoding = sum(pooled([w]).values(), CellTotals())
+    prompt = counters.get("vllm:prompt_tokens_total")
+    return {
+        "steps": counters.get("vllm:iteration_tokens_total_count"),
+        "mean_step_ms": round(1000 * decoding.mean_s, 1) if decoding.steps else None,
+        "prompt_tokens_per_s": None if prompt is None else round(prompt / w["wall_s"], 1),
+        "mean_running": w["mean_running"],
+    }
+
+
 def window_line(w: Row) -> Row:
-    """A window in run order: its round's place, arm, tokens/s, when it ran and the GPU then."""
+    """A window in run order: its round's place, arm, tokens/s, when it ran, what the engine
+    did, and the GPU and the host then."""
     times = {key: w[key] for key in ("started_utc", "ended_utc") if key in w}
     return {"index": w["index"], "arm": w["arm"], "tokens_per_s": round(w["tokens_per_s"], 1),
-            **times, **({"gpu": w["gpu"]} if "gpu" in w else {})}  # fmt: skip
+            **times, "engine": window_engine(w), **logs_of(w)}  # fmt: skip
+
+
+def logs_of(w: Row) -> Row:
+    """The GPU log's and the host log's figures of a window, those that were joined to it."""
+    return {key: w[key] for key in ("gpu", "host") if key in w}
+
+
+def figures(line: Row) -> dict[str, float | None]:
+    """A window line's figures that a stall moves, by name (None: not known)."""
+    gpu, host, engine = (line.get(key) or {} for key in ("gpu", "host", "engine"))
+    return {
+        "tokens_per_s": line["tokens_per_s"],
+        "gpu_utilization_pct": gpu.get("utilization_pct"),
+        "mean_step_ms": engine["mean_step_ms"],
+        "engine_steps": engine["steps"],
+        "prompt_tokens_per_s": engine["prompt_tokens_per_s"],
+        "mean_running": engine["mean_running"],
+        **{name: host.get(name) for name in HOST_FIGURES},
+        "host_busy_share": host.get("busy_share"),
+        "host_steal_share": host.get("steal_share"),
+    }
+
+
+def pearson(pairs: list[tuple[float | None, float | None]]) -> Row:
+    """Pearson's r over the pairs where both are known; r None with fewer than MIN_PAIRS of
+    them or where either side does not vary."""
+    kept = [(x, y) for x, y in pairs if x is not None and y is not None]
+    r = None
+    if len(kept) >= MIN_PAIRS:
+        xs, ys = zip(*kept, strict=True)
+        with contextlib.suppress(statistics.StatisticsError):  # a constant side
+            r = round(statistics.correlation(xs, ys), 3)
+    return {"r": r, "n": len(kept)}
+
+
+def around_arm_medians(lines: list[Row], values: list[float | None]) -> list[float | None]:
+    """Each window's value less the median of its arm's values: what a window adds to its
+    arm's level (arms differ in k, so in tokens/s and step time alike)."""
+    by_arm: dict[str, list[float]] = {}
+    for line, value in zip(lines, values, strict=True):
+        if value is not None:
+            by_arm.setdefault(line["arm"], []).append(value)
+    medians = {arm: statistics.median(known) for arm, known in by_arm.items()}
+    return [None if value is None else value - medians[line["arm"]]
+            for line, value in zip(lines, values, strict=True)]  # fmt: skip
+
+
+def digits(name: str) -> int:
+    return 3 if name in FRACTIONS else 1
+
+
+def stalls(lines: list[Row]) -> Row:
+    """A load's arm windows whose GPU was busy less than STALL_GPU_PCT (how many, which arms),
+    tokens/s correlated with what a host-side stall moves (as measured, and within arms: both
+    around their arm's median, since the arms' k set their own levels), and those figures'
+    means in the stalled windows and the others. Host figures only where the host log was joined
+    (host_load.csv, since 2026-12-01), the GPU's where the GPU log was; a note says which is
+    missing."""
+    rows = [figures(line) for line in lines]
+    busy = [f["gpu_utilization_pct"] for f in rows]
+    stalled = [i for i, pct in enumerate(busy) if pct is not None and pct < STALL_GPU_PCT]
+    other = [i for i, pct in enumerate(busy) if pct is not None and pct >= STALL_GPU_PCT]
+    with_gpu = bool(stalled or other)
+    host_logged = any("host" in line for line in lines)
+    known = [name for name in rows[0] if host_logged or name not in FROM_HOST_LOG]
+    notes = [
+        *([] if with_gpu else ["no GPU log for this run: GPU busy shares not known"]),
+        *([] if host_logged else ["no host log for this run (host_load.csv): the engine "
+                                  "core's CPU, its run-queue wait and steal not known"]),
+    ]  # fmt: skip
+
+    def within(name: str) -> Row:
+        tokens = around_arm_medians(lines, [f["tokens_per_s"] for f in rows])
+        figure = around_arm_medians(lines, [f[name] for f in rows])
+        return pearson(list(zip(tokens, figure, strict=True)))
+
+    def means(name: str) -> Row:
+        return {group: mean_of([rows[i][name] for i in held], digits(name))
+                for group, held in (("stalled", stalled), ("other", other))}  # fmt: skip
+
+    return {
+        "gpu_busy_below_pct": STALL_GPU_PCT,
+        "windows": len(stalled) if with_gpu else None,
+        "of_windows": len(lines),
+        "by_arm": dict(Counter(lines[i]["arm"] for i in stalled)),
+        "indices": [lines[i]["index"] for i in stalled],
+        "pearson_r_of_tokens_per_s_with": {
+            name: pearson([(f["tokens_per_s"], f[name]) for f in rows]) if name in known else None
+            for name in CORRELATED
+        },
+        "pearson_r_within_arms": {
+            name: within(name) if name in known else None for name in CORRELATED
+        },
+        "stalled_vs_other": {name: means(name) for name in known} if with_gpu else None,
+        **({"note": "; ".join(notes)} if notes else {}),
+    }
 
 
 def load_report(raw: Row, part: str) -> Row | None:
@@ -156,7 +297,7 @@ def load_report(raw: Row, part: str) -> Row | None:
             "tokens_per_s": round(w["tokens_per_s"], 1),
             "mean_running": w["mean_running"],
             "table": w["view"]["table"] if w.get("view") else None,
-            **({"gpu": w["gpu"]} if "gpu" in w else {}),
+            **logs_of(w),
         }
         for w in raw["windows"]
         if w["part"] == f"{part}-daemon"
@@ -178,6 +319,7 @@ def load_report(raw: Row, part: str) -> Row | None:
     }
     rates = tuple(raw["meta"]["synthetic_rates"])
     decisions = replay(raw, rates=rates, load=round(effective), part=f"{part}-daemon")
+    lines = [window_line(w) for w in windows]
     return {
         "effective_batch": round(effective, 1),
         "rounds": raw.get("rounds", {}).get(part, planned_and_run),
@@ -186,7 +328,8 @@ def load_report(raw: Row, part: str) -> Row | None:
         "arms_running_one_and_the_same_k": alike,
         "arms": arms,
         "daemon_table": raw.get("daemon_tables", {}).get(part),
-        "windows": [window_line(w) for w in windows],
+        "windows": lines,
+        "stalls": stalls(lines),
         "daemon_convergence": convergence,
         "replay_at_this_commit": {
             "note": "the daemon part's recorded step cells fed window by window into this "
@@ -332,14 +475,21 @@ def with_clocks(raw: Row, clocks: Path, gpus: set[int] | None) -> Row:
     return {"path": clocks.name, "utc_offset": offset, **alignment}
 
 
-def clocks_beside(raw_path: Path, meta: Row) -> Path | None:
-    """The GPU log the job wrote beside its raw file (meta.gpu_clocks), when it is there."""
-    named = (meta.get("gpu_clocks") or {}).get("path")
+def with_host_load(raw: Row, path: Path) -> Row:
+    """``raw``'s windows annotated in place with the host log's samples wholly inside them;
+    what was read and how it was aligned."""
+    return {"path": path.name, **annotate_host(raw, read_host_load(path.read_text()))}
+
+
+def beside(raw_path: Path, meta: Row, log: str) -> Path | None:
+    """The log the job wrote beside its raw file (meta.gpu_clocks, meta.host_load), when it
+    is there."""
+    named = (meta.get(log) or {}).get("path")
     path = raw_path.parent / named if named else None
     return path if path is not None and path.is_file() else None
 
 
-def report(raw: Row, clocks: Row | None = None) -> Row:
+def report(raw: Row, clocks: Row | None = None, host: Row | None = None) -> Row:
     meta = raw["meta"]
     loads = {load["part"]: load_report(raw, load["part"]) for load in loads_of(meta)}
     shapes = {load["part"]: load["shape"] for load in loads_of(meta)}
@@ -361,6 +511,7 @@ def report(raw: Row, clocks: Row | None = None) -> Row:
         },
         "shape_change": change,
         "gpu_clocks": clocks,
+        "host_load": host,
         "errors": raw["errors"],
         "skipped": raw["skipped"],
         "durations_s": raw["durations_s"],
@@ -411,18 +562,28 @@ def main() -> int:
     parser.add_argument("--gpu-index", default=None,
                         help="the job's GPU indices in that log, comma-separated (default: "
                         "meta.gpu_clocks.job_gpus, else every GPU)")  # fmt: skip
+    parser.add_argument("--host-load", default=None,
+                        help="the host's once-a-second CPU log (host_logger.py's CSV; default: "
+                        "the one the job wrote beside RAW, when there)")  # fmt: skip
     args = parser.parse_args()
     raw = json.loads(Path(args.raw).read_text())
-    clocks_path = Path(args.gpu_clocks) if args.gpu_clocks else clocks_beside(
-        Path(args.raw), raw["meta"])  # fmt: skip
-    clocks = None
+    clocks_path = Path(args.gpu_clocks) if args.gpu_clocks else beside(
+        Path(args.raw), raw["meta"], "gpu_clocks")  # fmt: skip
+    host_path = Path(args.host_load) if args.host_load else beside(
+        Path(args.raw), raw["meta"], "host_load")  # fmt: skip
+    clocks = host = None
     if clocks_path is not None:
         index = args.gpu_index or (raw["meta"].get("gpu_clocks") or {}).get("job_gpus")
         try:
             clocks = with_clocks(raw, clocks_path, job_gpus(index))
         except (OSError, ValueError) as error:
             parser.error(f"--gpu-clocks {clocks_path}: {error}")
-    result = report(raw, clocks)
+    if host_path is not None:
+        try:
+            host = with_host_load(raw, host_path)
+        except (OSError, ValueError) as error:
+            parser.error(f"--host-load {host_path}: {error}")
+    result = report(raw, clocks, host)
     name = f"eval_traffic_{raw['meta']['shape'].replace('-', '_')}_h200.json"
     if args.name:
         name = f"eval_traffic_{args.name}_h200.json"

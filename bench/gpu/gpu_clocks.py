@@ -96,9 +96,10 @@ def job_gpus(text: str | None) -> set[int] | None:
     return {int(item) for item in items} if all(i.isdigit() for i in items) else None
 
 
-def mean_of(values: list[float | None]) -> float | None:
+def mean_of(values: list[float | None], digits: int = 1) -> float | None:
+    """The mean of the values present, rounded; None when none is."""
     present = [v for v in values if v is not None]
-    return round(statistics.fmean(present), 1) if present else None
+    return round(statistics.fmean(present), digits) if present else None
 
 
 def window_gpu(samples: list[Sample], start: datetime, end: datetime,
@@ -155,20 +156,26 @@ def reconstructed_spans(raw: Row) -> tuple[list[tuple[datetime, datetime]], dict
     return [spans[i] for i in range(len(raw["windows"]))], unaccounted
 
 
+def window_spans(raw: Row) -> tuple[list[tuple[datetime, datetime]], str, dict[str, float]]:
+    """Every window's (start, end), in the order of raw["windows"]: recorded where every row
+    has its times, else rebuilt from the schedule (``reconstructed_spans``); how they were
+    aligned ("recorded" or "reconstructed (approximate)") and, when rebuilt, the time per part
+    the schedule leaves unaccounted."""
+    windows = raw["windows"]
+    if all("started_utc" in w for w in windows):
+        spans = [(datetime.fromisoformat(w["started_utc"]), datetime.fromisoformat(w["ended_utc"]))
+                 for w in windows]  # fmt: skip
+        return spans, "recorded", {}
+    spans, unaccounted = reconstructed_spans(raw)
+    return spans, "reconstructed (approximate)", unaccounted
+
+
 def annotate(raw: Row, samples: list[Sample], gpus: set[int] | None) -> Row:
     """Each window of ``raw`` gets ``gpu`` in place: the span it was aligned by (``aligned``:
     "recorded" or "reconstructed (approximate)") and window_gpu's (``samples`` 0: none inside);
     returns how they were aligned."""
-    windows = raw["windows"]
-    recorded = all("started_utc" in w for w in windows)
-    unaccounted: dict[str, float] = {}
-    if recorded:
-        spans = [(datetime.fromisoformat(w["started_utc"]), datetime.fromisoformat(w["ended_utc"]))
-                 for w in windows]  # fmt: skip
-    else:
-        spans, unaccounted = reconstructed_spans(raw)
-    aligned = "recorded" if recorded else "reconstructed (approximate)"
-    for w, (start, end) in zip(windows, spans, strict=True):
+    spans, aligned, unaccounted = window_spans(raw)
+    for w, (start, end) in zip(raw["windows"], spans, strict=True):
         w["gpu"] = {
             "aligned": aligned,
             "started_utc": start.isoformat(timespec="milliseconds"),

@@ -11,7 +11,10 @@
 # Results under $OUT: live_step_time.json (meta, every window's raw row, the counters, summary),
 # live_step_time_h200.json (the report's goals), live_step_time_vllm_log.txt (log excerpt),
 # live_step_time_run_log.txt (this script's output), gpu_clocks.csv (where nvidia-smi exists:
-# every GPU once a second; meta.gpu_clocks names the job's GPUs). Then, here:
+# every GPU once a second; meta.gpu_clocks names the job's GPUs), host_load.csv (the host's CPU
+# every HOST_LOAD_S, bench/gpu/host_logger.py: busy, iowait and steal shares of all CPUs and, per
+# process of vLLM's group, its role (engine_core, api_server, worker...), CPU, run-queue wait and
+# context switches; meta.host_load names it and the group). Then, here:
 #     .venv/bin/python bench/gpu/live_step_time_report.py live_step_time.json
 # writes bench/results/live_step_time_h200.json.
 #
@@ -23,7 +26,8 @@
 # script from start to the report), PORT (8000), COMMIT (git rev-parse HEAD; pass it where the
 # checkout has no .git, else "unknown"), SERVER_MODULE (vLLM's api_server), DRIVER_ARGS (more
 # flags for live_step_time.py), TARGET (qwen3-4b: a config folder under MODELS; also the served
-# model name), DRAFTER ($TARGET-eagle3), TP (1: --tensor-parallel-size). A CPU dry run of this script against the plugin-based stand-in
+# model name), DRAFTER ($TARGET-eagle3), TP (1: --tensor-parallel-size), HOST_LOAD_S (1: the
+# host log's interval). A CPU dry run of this script against the plugin-based stand-in
 # (about a minute):
 #     WHEEL=none SERVER_MODULE=tests.support.vllm_stand_in PYTHONPATH=src:. BUDGET_S=200 \
 #     DRIVER_ARGS="--clients 6 --warmup-s 1 --window-s 0.8 --settle-s 1.0 --rounds 2 \
@@ -48,6 +52,7 @@ COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 TARGET=${TARGET:-qwen3-4b}
 DRAFTER=${DRAFTER:-$TARGET-eagle3}
 TP=${TP:-1}
+HOST_LOAD_S=${HOST_LOAD_S:-1}
 [[ $TP =~ ^[1-9][0-9]*$ ]] || { echo "TP must be a positive integer, got '$TP'" >&2; exit 2; }
 mkdir -p "$OUT"
 exec > >(tee "$OUT/live_step_time_run_log.txt") 2>&1
@@ -83,8 +88,15 @@ if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu="$CLOCKS" --format=csv -l 1 >"$OUT/gpu_clocks.csv" 2>&1 &
   clocks_pid=$!
 fi
-stop_clocks() { [[ -n $clocks_pid ]] && kill "$clocks_pid" 2>/dev/null; clocks_pid=; }
-trap stop_clocks EXIT
+host_pid=
+# Both loggers by their own ids; the host logger writes its last partial second on SIGTERM and
+# is waited for, so its file is whole before the report reads it.
+stop_loggers() {
+  [[ -n $clocks_pid ]] && kill "$clocks_pid" 2>/dev/null
+  [[ -n $host_pid ]] && kill "$host_pid" 2>/dev/null && wait "$host_pid"
+  clocks_pid= host_pid=
+}
+trap stop_loggers EXIT
 
 # vLLM in its own process group, so it is stopped by its id.
 env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics VLLM_USE_V2_MODEL_RUNNER=1 \
@@ -101,7 +113,14 @@ stop_vllm() {
       "$work/vllm.log" | head -80
     echo "----- last 30 lines -----"; tail -30 "$work/vllm.log"; } >"$OUT/live_step_time_vllm_log.txt"
 }
-trap 'stop_vllm; stop_clocks' EXIT
+# The host's CPU once a second beside the GPU log (bench/gpu/host_logger.py, host_load.csv):
+# the host's busy, iowait and steal shares and, process by process in vLLM's group, CPU,
+# run-queue wait and context switches, so a window where the GPU waited on the host can be
+# told by cause (eval_traffic_report.py reads it).
+python3 bench/gpu/host_logger.py --out "$OUT/host_load.csv" --pgid "$vllm_pid" \
+  --interval-s "$HOST_LOAD_S" &
+host_pid=$!
+trap 'stop_vllm; stop_loggers' EXIT
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
 (( TP > 1 )) && gpu="$TP x $gpu"
@@ -116,9 +135,12 @@ print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, 
   "server_module": sys.argv[8],
   "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "TABLETUNE_SYNC_INTERVAL_S": sys.argv[9]},
   "gpu_clocks": {"path": "gpu_clocks.csv", "job_gpus": sys.argv[13] or None,
-                 "utc_offset": sys.argv[14]} if sys.argv[12] else None}))' \
+                 "utc_offset": sys.argv[14]} if sys.argv[12] else None,
+  "host_load": {"path": "host_load.csv", "pgid": int(sys.argv[15]),
+                "interval_s": float(sys.argv[16])}}))' \
   "$gpu" "$engine" "$COMMIT" "$TABLE" "$RATES" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S" \
-  "$TARGET" "$TP" "$clocks_pid" "${CUDA_VISIBLE_DEVICES:-}" "$(date +%z)")
+  "$TARGET" "$TP" "$clocks_pid" "${CUDA_VISIBLE_DEVICES:-}" "$(date +%z)" "$vllm_pid" \
+  "$HOST_LOAD_S")
 
 # The driver's budget: what is left of BUDGET_S, less ~25 s for stopping vLLM and the report.
 # It keeps to it (parts that no longer fit are skipped); `timeout` is the last resort, and the
@@ -132,7 +154,7 @@ timeout -s INT $((budget + 20)) python3 "$DRIVER" \
   --sync-interval-s "$SYNC_S" --model "$TARGET" ${DRIVER_ARGS:-}
 rc=$?
 stop_vllm
-stop_clocks
+stop_loggers
 trap - EXIT
 if [[ $REPORT != none ]]; then
   python3 "$REPORT" "$OUT/$name.json" --out "$OUT/${name}_h200.json" || { [ "$rc" -eq 0 ] && rc=3; }

@@ -3,8 +3,10 @@
 # sees only its own GPU (CUDA_VISIBLE_DEVICES), serves on its own port and keeps its own vLLM
 # compile cache (two cold starts writing one cache could tear it). The GPUs' clocks, power and
 # temperature are logged once a second meanwhile (gpu_clocks.csv), so a slow window can be told
-# from a throttled GPU. Everything the jobs write is packed into one archive, since a device
-# call brings back at most 8 files.
+# from a throttled GPU, and so is the host's CPU (host_load.csv, bench/gpu/host_logger.py: busy,
+# iowait and steal shares of all CPUs; each live_step_time.sh job logs its own vLLM's processes
+# too, in its own host_load.csv). Everything the jobs write is packed into one archive, since a
+# device call brings back at most 8 files.
 #
 # Usage, on the GPU host from the repository root, after `source .gpu-bundle/p3/device-setup.sh`:
 #     JOB0="WARM_START=1 NAME=profile_fast_route bash bench/gpu/profile_fast.sh" \
@@ -12,7 +14,8 @@
 #     bash bench/gpu/two_gpus.sh
 # Env: OUT (/tmp/two-gpus), BUDGET_S (570: handed to both jobs), JOB0 and JOB1 (shell commands,
 # run with OUT, PORT, CUDA_VISIBLE_DEVICES and VLLM_CACHE_ROOT of their own). Results under
-# $OUT: jobs.tgz (gpu0/ and gpu1/, each job's own files), gpu_clocks.csv, two_gpus_log.txt.
+# $OUT: jobs.tgz (gpu0/ and gpu1/, each job's own files), gpu_clocks.csv, host_load.csv,
+# two_gpus_log.txt.
 # Exits non-zero when either job did.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,6 +28,8 @@ exec > >(tee "$OUT/two_gpus_log.txt") 2>&1
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
   --format=csv -l 1 >"$OUT/gpu_clocks.csv" 2>&1 &
 clocks_pid=$!
+python3 bench/gpu/host_logger.py --out "$OUT/host_load.csv" &
+host_pid=$!
 
 pids=()
 for gpu in 0 1; do
@@ -45,6 +50,7 @@ for gpu in 0 1; do
   tail -5 "$OUT/gpu$gpu/job_log.txt"
   (( job_rc != 0 )) && rc=$job_rc
 done
-kill "$clocks_pid" 2>/dev/null
+kill "$clocks_pid" "$host_pid" 2>/dev/null
+wait "$host_pid"  # it writes its last partial second on SIGTERM
 (cd "$OUT" && tar czf jobs.tgz gpu0 gpu1 && rm -rf gpu0 gpu1)
 exit "$rc"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gpu_jobs import dry_run
+from tests.support.gpu_jobs import dry_run, fake_nvidia_smi, logger_of, rows_of
 
 pytestmark = pytest.mark.integration
 
@@ -22,33 +22,6 @@ DRIVER_ARGS = (
     "--settle-s 0.5 --daemon-s 3 --daemon-cycle-s 1 --shape-change decode-heavy:chat-like:4 "
     "--change-before-s 2 --change-after-s 3"
 )
-
-
-# nvidia-smi on a host of two GPUs: its name, or its once-a-second log until stopped (its pid
-# written down, to see that the job stopped it); GPU 1 busier than GPU 0.
-FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
-case " $* " in
-  *" -l "*)
-    echo $$ >"$FAKE_NVIDIA_SMI_PID"
-    echo "timestamp, index, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], \
-temperature.gpu, utilization.gpu [%], clocks_event_reasons.active"
-    while :; do
-      now=$(date '+%Y/%m/%d %H:%M:%S.%3N')
-      echo "$now, 0, 345 MHz, 3201 MHz, 80.00 W, 30, 10 %, 0x0000000000000001"
-      echo "$now, 1, 1755 MHz, 3201 MHz, 650.00 W, 55, 90 %, 0x0000000000000004"
-      sleep 0.2
-    done ;;
-  *) echo "Fake H200, 0.0" ;;
-esac
-"""
-
-
-def fake_nvidia_smi(folder: Path) -> Path:
-    folder.mkdir()
-    tool = folder / "nvidia-smi"
-    tool.write_text(FAKE_NVIDIA_SMI)
-    tool.chmod(0o755)
-    return folder
 
 
 def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path) -> None:
@@ -62,6 +35,7 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
         PATH=f"{tools}:{Path(sys.executable).parent}:{os.environ['PATH']}",
         CUDA_VISIBLE_DEVICES="1",
         FAKE_NVIDIA_SMI_PID=str(tmp_path / "smi.pid"),
+        HOST_LOAD_S="0.25",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     raw = json.loads((out / "eval_traffic.json").read_text())
@@ -74,6 +48,13 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
     status = Path(f"/proc/{logger}/status")
     assert not status.exists() or "zombie" in status.read_text()
     assert all(w["started_utc"] < w["ended_utc"] for w in raw["windows"])
+    # The host log: the stand-in (vLLM's group, its leader) every quarter second, its logger
+    # stopped and waited for (the file whole).
+    logged = raw["meta"]["host_load"]
+    assert (logged["path"], logged["interval_s"]) == ("host_load.csv", 0.25)
+    leader = [r for r in rows_of(out / "host_load.csv") if r["pid"] == str(logged["pgid"])]
+    assert len(leader) > 20 and {r["role"] for r in leader} == {"api_server"}
+    assert logger_of(out / "host_load.csv") is None
     parts = ["chat-like-B6", "decode-heavy-B4"]
     assert [load["part"] for load in raw["meta"]["loads"]] == parts
     for part in parts:
@@ -94,6 +75,13 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
         assert all(w["gpu"]["samples"] > 0 for w in load["windows"])
         assert {w["gpu"]["utilization_pct"] for w in load["windows"]} == {90.0}
     assert set(report["loads"]) == set(parts)
+    assert report["host_load"]["path"] == "host_load.csv"
+    assert report["host_load"]["roles"] == ["api_server"]
+    for load in report["loads"].values():
+        assert any(w["host"]["samples"] > 0 for w in load["windows"])
+        stalls = load["stalls"]  # the fake GPU busy 90 %: no stall; the stand-in's CPU known
+        assert stalls["windows"] == 0 and stalls["stalled_vs_other"]["api_server_cpu"]["other"] > 0
+        assert all(w["engine"]["steps"] > 0 for w in load["windows"])
     assert {"daemon_worst_load_loss_chat_like", "daemon_worst_load_loss_decode_heavy"} <= set(
         report["goals"]
     )

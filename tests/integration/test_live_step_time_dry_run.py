@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gpu_jobs import dry_run, load_gpu_module
+from tests.support.gpu_jobs import dry_run, load_gpu_module, logger_of, rows_of
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +47,9 @@ def test_the_gpu_job_runs_every_part_and_writes_its_results(tmp_path: Path) -> N
     # The stand-in's k=2 steps take 6 ms, k=3 steps 11 ms: k=2 out-produces k=3 by far.
     assert goals["t_hat_ranks_like_throughput"]["pass"] is True, summary["fixed_k"]["ranking"]
     assert (tmp_path / "live_step_time_run_log.txt").read_text().count("== ") == 5
+    # The host log beside it: the stand-in, vLLM's group's leader, once a second; stopped.
+    group = raw["meta"]["host_load"]["pgid"]
+    rows = rows_of(tmp_path / "host_load.csv")
+    assert {r["role"] for r in rows if r["pid"] == str(group)} == {"api_server"}
+    assert any(float(r["cpu"]) > 0 for r in rows if r["pid"] == str(group))
+    assert logger_of(tmp_path / "host_load.csv") is None

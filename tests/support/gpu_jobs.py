@@ -1,8 +1,10 @@
 """Dry runs of the GPU jobs under bench/gpu on a CPU: the job script run against the vLLM
-stand-in (tests/support/vllm_stand_in.py), and its report module loaded by path."""
+stand-in (tests/support/vllm_stand_in.py), a fake nvidia-smi, the host log read back, and the
+job's report module loaded by path."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import os
 import subprocess
@@ -44,3 +46,53 @@ def dry_run(script: str, out: Path, **env: str) -> subprocess.CompletedProcess[s
     return subprocess.run(
         ["bash", str(GPU / script)], env=full, capture_output=True, text=True, timeout=240
     )
+
+
+# nvidia-smi on a host of two GPUs: its name, or its once-a-second log until stopped (its pid
+# written down, to see that the job stopped it); GPU 1 busier than GPU 0.
+FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
+case " $* " in
+  *" -l "*)
+    echo $$ >"$FAKE_NVIDIA_SMI_PID"
+    echo "timestamp, index, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], \
+temperature.gpu, utilization.gpu [%], clocks_event_reasons.active"
+    while :; do
+      now=$(date '+%Y/%m/%d %H:%M:%S.%3N')
+      echo "$now, 0, 345 MHz, 3201 MHz, 80.00 W, 30, 10 %, 0x0000000000000001"
+      echo "$now, 1, 1755 MHz, 3201 MHz, 650.00 W, 55, 90 %, 0x0000000000000004"
+      sleep 0.2
+    done ;;
+  *) echo "Fake H200, 0.0" ;;
+esac
+"""
+
+
+def fake_nvidia_smi(folder: Path) -> Path:
+    """A folder holding the fake nvidia-smi, to put first on PATH."""
+    folder.mkdir()
+    tool = folder / "nvidia-smi"
+    tool.write_text(FAKE_NVIDIA_SMI)
+    tool.chmod(0o755)
+    return folder
+
+
+def rows_of(path: Path) -> list[dict[str, str]]:
+    """A host_load.csv's rows by column, after checking its last line is whole and every line
+    has the header's width."""
+    text = path.read_text()
+    assert text.endswith("\n")
+    rows = list(csv.reader(text.splitlines()))
+    assert all(len(row) == len(rows[0]) for row in rows)
+    return [dict(zip(rows[0], row, strict=True)) for row in rows[1:]]
+
+
+def logger_of(path: Path) -> int | None:
+    """The pid of a host logger still writing ``path`` (read from /proc), or None."""
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # not a process, or gone
+        if any(a.endswith(b"host_logger.py") for a in args) and str(path).encode() in args:
+            return int(entry.name)
+    return None

@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,7 +35,8 @@ def driver() -> ModuleType:
 @pytest.fixture(scope="module")
 def report(driver: ModuleType) -> ModuleType:
     load_gpu_module("live_daemon_report")
-    load_gpu_module("gpu_clocks")
+    for name in ("gpu_clocks", "host_logger", "host_load"):
+        load_gpu_module(name)
     return load_gpu_module("eval_traffic_report")
 
 
@@ -389,3 +391,164 @@ def test_a_load_that_does_not_fit_runs_fewer_pairs_and_records_it(driver: Module
     asyncio.run(live.fitted_part("chat-like-B64", live.load_needs_s, body))
     assert ran == [2] and live.result["rounds"]["chat-like-B64"] == {"planned": 4, "run": 0}
     assert live.result["skipped"][0]["part"] == "chat-like-B64"
+
+
+# -- stalls: windows where the GPU waited on the host -------------------------------------------
+
+
+def test_a_windows_engine_figures_come_from_its_raw_row(report: ModuleType) -> None:
+    row = {**window("B192-arms", "k3", 12000.0, 3), "wall_s": 4.0}  # 100 steps in 3 s
+    row["vllm"] = {"vllm:iteration_tokens_total_count": 104.0,
+                   "vllm:prompt_tokens_total": 120000.0}  # fmt: skip
+    assert report.window_engine(row) == {"steps": 104.0, "mean_step_ms": 30.0,
+                                         "prompt_tokens_per_s": 30000.0,
+                                         "mean_running": 190.0}  # fmt: skip
+    bare = {**row, "vllm": {}, "cells": cells_to_wire({}, 0.0)}
+    assert report.window_engine(bare) == {"steps": None, "mean_step_ms": None,
+                                          "prompt_tokens_per_s": None,
+                                          "mean_running": 190.0}  # fmt: skip
+
+
+def test_pearson_r_on_known_data(report: ModuleType) -> None:
+    assert report.pearson([(1, 2), (2, 4), (3, 6)]) == {"r": 1.0, "n": 3}
+    assert report.pearson([(1, 3), (2, 2), (None, 9), (3, 1), (4, None)]) == {"r": -1.0, "n": 3}
+    # x 1..5, y 2 4 5 4 5: sum dx*dy 6, sum dx^2 10, sum dy^2 6: r = 6 / sqrt(60)
+    assert report.pearson([(1, 2), (2, 4), (3, 5), (4, 4), (5, 5)]) == {"r": 0.775, "n": 5}
+    assert report.pearson([(1, 0.0), (2, 0.0), (3, 0.0)]) == {"r": None, "n": 3}  # constant
+    assert report.pearson([(1, 2), (2, 3)]) == {"r": None, "n": 2}  # too few
+
+
+def stall_run(with_host: bool) -> tuple[dict[str, Any], str]:
+    """8 windows at B=192; the GPU busy 55-100 %; tokens/s 100x the GPU's busy share, the mean
+    step (ms) 100 - util / 2, the engine core's run-queue wait (util - 100) / -1000, its CPU
+    and the steal flat."""
+    part = "chat-like-B192"
+    utils = [95.0, 60.0, 98.0, 70.0, 97.0, 100.0, 55.0, 90.0]
+    rows = []
+    for i, util in enumerate(utils):
+        arm, k = ("k1", 1) if i % 2 == 0 else ("k3", 3)
+        row = window(f"{part}-arms", arm, 100.0 * util, k)
+        steps, step_s = 100.0, (100.0 - util / 2) / 1000
+        row["cells"] = cells_to_wire(
+            {(k, 185, 192): CellTotals(steps, steps * step_s, 0.0, steps * 190 * (k + 1),
+                                       steps * 190)}, 0.0)  # fmt: skip
+        row["wall_s"] = 4.0
+        row["vllm"] = {"vllm:iteration_tokens_total_count": 4000 / (100 - util / 2),
+                       "vllm:prompt_tokens_total": 1000.0 * util}  # fmt: skip
+        row["gpu"] = {"samples": 4, "utilization_pct": util}
+        if with_host:
+            row["host"] = {
+                "samples": 3, "busy_share": 0.12, "iowait_share": 0.0, "steal_share": 0.0,
+                "engine_core_cpu": 1.02, "engine_core_runqueue_wait": (100.0 - util) / 1000,
+                "engine_core_voluntary_per_s": 2.0, "engine_core_involuntary_per_s": 20.0,
+                "api_server_cpu": 0.6,
+            }  # fmt: skip
+        rows.append(row)
+    return raw_run(rows, [{"part": part, "shape": "chat-like", "clients": 192}]), part
+
+
+def test_stalls_are_counted_by_arm_and_tokens_per_s_correlated_with_their_signs(
+    report: ModuleType,
+) -> None:
+    raw, part = stall_run(with_host=True)
+    stalls = report.report(raw)["loads"][part]["stalls"]
+    assert (stalls["gpu_busy_below_pct"], stalls["windows"], stalls["of_windows"]) == (80, 3, 8)
+    assert stalls["by_arm"] == {"k3": 2, "k1": 1} and stalls["indices"] == [1, 3, 6]
+    r = stalls["pearson_r_of_tokens_per_s_with"]
+    assert r["gpu_utilization_pct"] == {"r": 1.0, "n": 8}
+    assert r["mean_step_ms"] == {"r": -1.0, "n": 8}
+    assert r["engine_core_runqueue_wait"] == {"r": -1.0, "n": 8}
+    assert r["engine_core_cpu"] == {"r": None, "n": 8}  # flat: no correlation to give
+    assert r["host_steal_share"] == {"r": None, "n": 8}
+    means = stalls["stalled_vs_other"]
+    assert means["gpu_utilization_pct"] == {"stalled": 61.7, "other": 96.0}
+    assert means["mean_step_ms"] == {"stalled": 69.2, "other": 52.0}
+    assert means["engine_core_cpu"] == {"stalled": 1.02, "other": 1.02}
+    assert "note" not in stalls
+    line = report.report(raw)["loads"][part]["windows"][1]
+    assert line["engine"]["mean_step_ms"] == 70.0 and line["host"]["engine_core_cpu"] == 1.02
+
+
+def test_a_run_without_host_or_gpu_log_still_reports_its_stalls_as_unknown(
+    report: ModuleType,
+) -> None:
+    raw, part = stall_run(with_host=False)
+    result = report.report(raw)
+    stalls = result["loads"][part]["stalls"]
+    r = stalls["pearson_r_of_tokens_per_s_with"]
+    assert r["gpu_utilization_pct"] == {"r": 1.0, "n": 8}
+    assert r["engine_core_cpu"] is None and r["host_steal_share"] is None
+    assert "no host log" in stalls["note"] and "engine_core_cpu" not in stalls["stalled_vs_other"]
+    assert result["host_load"] is None
+    for row in raw["windows"]:
+        del row["gpu"]
+    stalls = report.report(raw)["loads"][part]["stalls"]
+    assert stalls["windows"] is None and stalls["by_arm"] == {} and "no GPU log" in stalls["note"]
+    assert stalls["pearson_r_of_tokens_per_s_with"]["gpu_utilization_pct"] == {"r": None, "n": 0}
+    assert stalls["pearson_r_of_tokens_per_s_with"]["mean_step_ms"]["r"] == -1.0
+
+
+def test_the_report_reads_the_host_log_beside_the_raw_file_or_the_one_named(
+    tmp_path: Path,
+) -> None:
+    """The job's files as eval_traffic.sh leaves them: the raw JSON, gpu_clocks.csv and
+    host_load.csv named in its meta."""
+    host = load_gpu_module("host_logger")
+    raw, part = stall_run(with_host=False)
+    start = datetime(2026, 12, 1, 2, 46, 49, tzinfo=UTC)
+    for i, row in enumerate(raw["windows"]):
+        del row["gpu"]
+        row["started_utc"] = (start + timedelta(seconds=5 * i)).isoformat()
+        row["ended_utc"] = (start + timedelta(seconds=5 * i + 4)).isoformat()
+    raw["meta"].update(
+        date="2026-12-01T02:44:17+00:00",
+        host_load={"path": "host_load.csv", "pgid": 10, "interval_s": 1.0},
+    )
+    lines = [",".join(host.COLUMNS)]
+    for s in range(1, 41):
+        stalled = s // 5 in (1, 3, 6)  # inside the stalled windows the engine core waits
+        at = (start + timedelta(seconds=s)).isoformat(timespec="milliseconds")
+        lines.append(f"{at},1.000,16,0.1200,0.0000,0.0000,11,engine_core,VLLM::EngineCore,"
+                     f"{0.7 if stalled else 1.0},2.0,40.0,{0.3 if stalled else 0.0}")  # fmt: skip
+    (tmp_path / "host_load.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "raw.json").write_text(json.dumps(raw))
+    command = [sys.executable, "bench/gpu/eval_traffic_report.py", str(tmp_path / "raw.json"),
+               "--out", str(tmp_path / "report.json")]  # fmt: skip
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "report.json").read_text())
+    assert result["host_load"] == {"path": "host_load.csv", "aligned": "recorded",
+                                   "samples": 40, "roles": ["engine_core"], "cpus": 16}  # fmt: skip
+    windows = result["loads"][part]["windows"]
+    assert [w["host"]["engine_core_cpu"] for w in windows] == [1.0, 0.7, 1.0, 0.7, 1.0, 1.0,
+                                                                0.7, 1.0]  # fmt: skip
+    r = result["loads"][part]["stalls"]["pearson_r_of_tokens_per_s_with"]
+    assert r["engine_core_cpu"]["r"] > 0.9 and r["engine_core_runqueue_wait"]["r"] < -0.9
+    assert r["gpu_utilization_pct"] == {"r": None, "n": 0}  # no GPU log beside it
+    (tmp_path / "other.csv").write_text("timestamp, index\n")
+    done = subprocess.run([*command, "--host-load", str(tmp_path / "other.csv")],
+                          capture_output=True, text=True, cwd=root)  # fmt: skip
+    assert done.returncode == 2 and "--host-load" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_within_arms_a_figure_is_correlated_around_each_arms_median(report: ModuleType) -> None:
+    """k3 runs longer steps and makes more tokens than k1: across arms the mean step goes with
+    tokens/s, within each arm a longer step costs tokens (r = -1)."""
+
+    def line(index: int, arm: str, tokens: float, step_ms: float) -> dict[str, Any]:
+        engine = {"steps": 100.0, "mean_step_ms": step_ms, "prompt_tokens_per_s": 1.0,
+                  "mean_running": 190.0}  # fmt: skip
+        return {"index": index, "arm": arm, "tokens_per_s": tokens, "engine": engine,
+                "gpu": {"utilization_pct": 95.0}}  # fmt: skip
+
+    lines = [
+        line(0, "k1", 10000.0, 30.0), line(1, "k3", 12000.0, 40.0),
+        line(2, "k1", 9000.0, 33.0), line(3, "k3", 11000.0, 43.0),
+        line(4, "k1", 9500.0, 31.5), line(5, "k3", 12500.0, 38.5),
+    ]  # fmt: skip
+    stalls = report.stalls(lines)
+    assert stalls["pearson_r_of_tokens_per_s_with"]["mean_step_ms"]["r"] > 0.5
+    within = stalls["pearson_r_within_arms"]
+    assert within["mean_step_ms"] == {"r": -1.0, "n": 6}
+    assert within["gpu_utilization_pct"] == {"r": None, "n": 6}  # flat
