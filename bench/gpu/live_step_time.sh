@@ -26,7 +26,8 @@
 # script from start to the report), PORT (8000), COMMIT (git rev-parse HEAD; pass it where the
 # checkout has no .git, else "unknown"), SERVER_MODULE (vLLM's api_server), DRIVER_ARGS (more
 # flags for live_step_time.py), TARGET (qwen3-4b: a config folder under MODELS; also the served
-# model name), DRAFTER ($TARGET-eagle3), TP (1: --tensor-parallel-size), HOST_LOAD_S (1: the
+# model name), DRAFTER ($TARGET-eagle3), TP (1: --tensor-parallel-size), GC_DEBUG (0; 1: vLLM logs
+# its engine core's garbage collections, kept as gc_log.txt), HOST_LOAD_S (1: the
 # host log's interval). A CPU dry run of this script against the plugin-based stand-in
 # (about a minute):
 #     WHEEL=none SERVER_MODULE=tests.support.vllm_stand_in PYTHONPATH=src:. BUDGET_S=200 \
@@ -99,8 +100,11 @@ stop_loggers() {
 trap stop_loggers EXIT
 
 # vLLM in its own process group, so it is stopped by its id.
+# GC_DEBUG=1: vLLM logs each garbage collection of its engine core with its duration
+# (VLLM_GC_DEBUG); those lines are kept as gc_log.txt (bench/gpu/gc_log.py sets them beside
+# the windows).
 env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics VLLM_USE_V2_MODEL_RUNNER=1 \
-  TABLETUNE_ADMIN_OPEN=loopback \
+  TABLETUNE_ADMIN_OPEN=loopback VLLM_GC_DEBUG="$([[ ${GC_DEBUG:-0} == 1 ]] && echo 1)" \
   TABLETUNE_SYNC_INTERVAL_S="$SYNC_S" setsid python3 -m "$SERVER_MODULE" "${ARGS[@]}" \
   >"$work/vllm.log" 2>&1 &
 vllm_pid=$!
@@ -112,6 +116,7 @@ stop_vllm() {
   { grep -E "tabletune|Loaded|plugin|Traceback|Error|Asynchronous scheduling|max_num_batched_tokens" \
       "$work/vllm.log" | head -80
     echo "----- last 30 lines -----"; tail -30 "$work/vllm.log"; } >"$OUT/live_step_time_vllm_log.txt"
+  if [[ ${GC_DEBUG:-0} == 1 ]]; then grep "GC took" "$work/vllm.log" >"$OUT/gc_log.txt"; fi
 }
 # The host's CPU once a second beside the GPU log (bench/gpu/host_logger.py, host_load.csv):
 # the host's busy, iowait and steal shares and, process by process in vLLM's group, CPU,

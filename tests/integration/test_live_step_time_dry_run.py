@@ -26,8 +26,11 @@ def test_the_gpu_job_runs_every_part_and_writes_its_results(tmp_path: Path) -> N
         BUDGET_S="200",
         TABLETUNE_SYNC_INTERVAL_S="0.2",
         DRIVER_ARGS=DRIVER_ARGS,
+        GC_DEBUG="1",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # vLLM's GC lines kept (the stand-in logs none: the file is there, empty)
+    assert (tmp_path / "gc_log.txt").read_text() == ""
     raw = json.loads((tmp_path / "live_step_time.json").read_text())
     assert raw["errors"] == [] and raw["skipped"] == [] and raw["meta"]["commit"] == "dry-run"
     parts = [(w["part"], w["arm"]) for w in raw["windows"]]
