@@ -62,6 +62,22 @@ def test_every_block_holds_every_arm_equally_often_at_the_same_mean_place(
             assert max(means) - min(means) < 1e-9
 
 
+@given(arms=st.lists(st.sampled_from(ARMS), min_size=2, max_size=5, unique=True),
+       per_block=st.sampled_from([2, 4, 6]), data=st.data())  # fmt: skip
+def test_a_stall_hits_the_arms_of_a_block_equally_often_give_or_take_two_visits(
+    driver: ModuleType, arms: list[str], per_block: int, data: st.DataObject
+) -> None:
+    """A stall is a run of consecutive visits: the tail of one round, whole rounds, the head
+    of another; within a block it hits every arm as often as any other but for two visits at
+    most (what leaves a block's ratio moved: at most 2/N of the stall's depth)."""
+    visits = driver.visits(arms, 2 * per_block, per_block)
+    start = data.draw(st.integers(0, len(visits) - 1))
+    hit = visits[start : data.draw(st.integers(start + 1, len(visits)))]
+    for block in {v["block"] for v in hit}:
+        counts = [sum(v["arm"] == arm and v["block"] == block for v in hit) for arm in arms]
+        assert max(counts) - min(counts) <= 2
+
+
 @given(planned=st.integers(1, 60), unit=st.sampled_from([2, 4, 6, 8]),
        per_round=st.floats(1, 100), fixed=st.floats(0, 200),
        left=st.floats(0, 5000))  # fmt: skip
