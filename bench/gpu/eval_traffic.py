@@ -14,6 +14,9 @@ For each load (a number of clients, in the order given), in turn:
   arms      k0 (no drafting), k1..k3 fixed, vLLM's documented table, the measured table (the
             profile's), the daemon's table (--arms picks): ROUNDS windows each, in pairs of
             rounds, one order then its reverse (``rotations``), so no arm keeps a place.
+            With ``--rounds-per-block N`` (even) consecutive rounds form interleaved blocks
+            (each window records its ``round`` and ``block``): every arm in the same seconds,
+            so a stall of the engine hits all of them alike (eval_traffic_paired.py).
             ``nightjar`` (not in the default --arms): the Nightjar-style bandit run in the
             engine (admin setting ``policy: nightjar``), switched on fresh before each of its
             windows, left NIGHTJAR_LEARN_S to learn, measured, then switched off
@@ -28,8 +31,8 @@ Then, with ``--shape-change BEFORE:AFTER:N``, a change of traffic under the daem
 Every window is a raw row as in live_step_time.py (vLLM's counter increases, the plugin's step
 cells, the mean number of running requests = the effective B, the view). The JSON is rewritten
 after every part; a load whose planned rounds no longer fit the budget runs as many whole pairs
-of rounds as fit (``rounds``: planned vs run per part), and is skipped (recorded) only when not
-even one pair fits.
+of rounds (whole blocks) as fit (``rounds``: planned vs run per part), and is skipped (recorded)
+only when not even one fits.
 eval_traffic_report.py turns it into bench/results/eval_traffic_<shape>_h200.json and a PNG.
 """
 

@@ -12,6 +12,9 @@ loss), their range (``spread_of_ratios``: ``loss_is_a_result_paired`` when the l
 and a distribution-free interval of the median (narrows as rounds are added; the range does
 not). A slow drift of the machine moves both windows of a round and cancels in the ratio. Arms
 running one and the same k are compared paired as well (the null). Rounds planned vs run.
+In a run of interleaved blocks (meta ``rounds_per_block`` > 1) the same per block: an arm's
+tokens/s in a block is its windows' tokens over their seconds (eval_traffic_paired.py); the
+daemon's goal is then judged on blocks and says so (``unit``).
 
 With the GPUs' once-a-second log (--gpu-clocks, or the job's gpu_clocks.csv beside RAW), every
 window in ``windows`` gets the mean SM clock, utilization and power and the throttle reasons seen
