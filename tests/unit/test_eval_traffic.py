@@ -20,24 +20,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tabletune.step_cells import CellTotals, cells_to_wire
-from tests.support.gpu_jobs import load_gpu_module
+from tests.support.gpu_jobs import eval_traffic_driver, eval_traffic_report, load_gpu_module
 
 ARMS = ["k0", "k1", "k2", "k3", "documented", "measured", "daemon"]
 
 
 @pytest.fixture(scope="module")
 def driver() -> ModuleType:
-    for name in ("live_step_time_report", "traffic", "live_step_time", "live_daemon"):
-        load_gpu_module(name)  # the driver imports them by name
-    return load_gpu_module("eval_traffic")
+    return eval_traffic_driver()
 
 
 @pytest.fixture(scope="module")
-def report(driver: ModuleType) -> ModuleType:
-    load_gpu_module("live_daemon_report")
-    for name in ("gpu_clocks", "host_logger", "host_load", "eval_traffic_paired"):
-        load_gpu_module(name)
-    return load_gpu_module("eval_traffic_report")
+def report() -> ModuleType:
+    return eval_traffic_report()
 
 
 @given(arms=st.lists(st.sampled_from(ARMS), min_size=1, max_size=7, unique=True),

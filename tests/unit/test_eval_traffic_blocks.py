@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.support.gpu_jobs import load_gpu_module
+from tests.support.gpu_jobs import eval_traffic_driver, eval_traffic_report, load_gpu_module
 from tests.unit.test_eval_traffic import raw_run, window
 
 ARMS = ["k1", "k2", "k3", "daemon", "nightjar"]
@@ -21,22 +21,17 @@ ARMS = ["k1", "k2", "k3", "daemon", "nightjar"]
 
 @pytest.fixture(scope="module")
 def driver() -> ModuleType:
-    for name in ("live_step_time_report", "traffic", "live_step_time", "live_daemon"):
-        load_gpu_module(name)  # the driver imports them by name
-    return load_gpu_module("eval_traffic")
+    return eval_traffic_driver()
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return eval_traffic_report()
 
 
 @pytest.fixture(scope="module")
 def paired() -> ModuleType:
     return load_gpu_module("eval_traffic_paired")
-
-
-@pytest.fixture(scope="module")
-def report(driver: ModuleType) -> ModuleType:
-    load_gpu_module("live_daemon_report")
-    for name in ("gpu_clocks", "host_logger", "host_load", "eval_traffic_paired"):
-        load_gpu_module(name)
-    return load_gpu_module("eval_traffic_report")
 
 
 # -- the driver's visits ------------------------------------------------------------------------
