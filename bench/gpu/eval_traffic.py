@@ -14,6 +14,9 @@ For each load (a number of clients, in the order given), in turn:
   arms      k0 (no drafting), k1..k3 fixed, vLLM's documented table, the measured table (the
             profile's), the daemon's table (--arms picks): ROUNDS windows each, in pairs of
             rounds, one order then its reverse (``rotations``), so no arm keeps a place.
+            With ``--rounds-per-block N`` (even) consecutive rounds form interleaved blocks
+            (each window records its ``round`` and ``block``): every arm in the same seconds,
+            so a stall of the engine hits all of them alike (eval_traffic_paired.py).
             ``nightjar`` (not in the default --arms): the Nightjar-style bandit run in the
             engine (admin setting ``policy: nightjar``), switched on fresh before each of its
             windows, left NIGHTJAR_LEARN_S to learn, measured, then switched off
@@ -28,8 +31,8 @@ Then, with ``--shape-change BEFORE:AFTER:N``, a change of traffic under the daem
 Every window is a raw row as in live_step_time.py (vLLM's counter increases, the plugin's step
 cells, the mean number of running requests = the effective B, the view). The JSON is rewritten
 after every part; a load whose planned rounds no longer fit the budget runs as many whole pairs
-of rounds as fit (``rounds``: planned vs run per part), and is skipped (recorded) only when not
-even one pair fits.
+of rounds (whole blocks) as fit (``rounds``: planned vs run per part), and is skipped (recorded)
+only when not even one fits.
 eval_traffic_report.py turns it into bench/results/eval_traffic_<shape>_h200.json and a PNG.
 """
 
@@ -71,12 +74,14 @@ DAEMON_STOP_S = 3.0  # SIGTERM to the daemon and its last table read
 DRAIN_S = 10.0  # the load's requests in flight finishing
 
 
-def rounds_that_fit(planned: int, needs_s: Callable[[int], float], left_s: float) -> int:
-    """``planned`` rounds when they fit in ``left_s``, else the most whole pairs of rounds that
-    do (a pair keeps the rotation's balance), else 0: not even one pair fits."""
+def rounds_that_fit(
+    planned: int, needs_s: Callable[[int], float], left_s: float, unit: int = 2
+) -> int:
+    """``planned`` rounds when they fit in ``left_s``, else the most whole units of rounds that
+    do (a pair, or a block of pairs, keeps the rotation's balance), else 0: not one unit fits."""
     if needs_s(planned) <= left_s:
         return planned
-    for rounds in range((planned - 1) // 2 * 2, 0, -2):
+    for rounds in range((planned - 1) // unit * unit, 0, -unit):
         if needs_s(rounds) <= left_s:
             return rounds
     return 0
@@ -92,6 +97,22 @@ def rotations(arms: list[str], rounds: int) -> list[str]:
         order = arms[shift:] + arms[:shift]
         out.extend(reversed(order) if r % 2 else order)
     return out
+
+
+def visits(arms: list[str], rounds: int, rounds_per_block: int) -> list[Row]:
+    """The rotation's windows in order, each with its arm, its place (``index``), its round
+    and its block (``rounds_per_block`` consecutive rounds: whole pairs when more than one, so
+    every arm's mean place within a block is the same and a stall inside it favours none)."""
+    return [
+        {"arm": arm, "index": index, "round": index // len(arms),
+         "block": index // len(arms) // rounds_per_block}
+        for index, arm in enumerate(rotations(arms, rounds))
+    ]  # fmt: skip
+
+
+def block_unit(rounds_per_block: int) -> int:
+    """The rounds a load runs a whole number of: pairs, or blocks of pairs."""
+    return max(2, rounds_per_block)
 
 
 def documented_table(max_num_seqs: int) -> list[list[int]]:
@@ -184,33 +205,39 @@ class Run(DaemonRun):
 
     async def fitted_part(self, name: str, needs_s: Callable[[int], float],
                           body: Callable[[int], Awaitable[None]]) -> None:  # fmt: skip
-        """A part with as many of the planned rounds as fit what is left (whole pairs), so a
-        slow engine start shortens a load instead of skipping it; rounds planned vs run are
-        recorded (run 0: skipped, not even one pair fitted)."""
-        planned = self.args.rounds
-        rounds = rounds_that_fit(planned, needs_s, self.left_s())
+        """A part with as many of the planned rounds as fit what is left (whole pairs, or
+        whole blocks), so a slow engine start shortens a load instead of skipping it; rounds
+        planned vs run are recorded (run 0: skipped, not even one pair or block fitted)."""
+        planned, unit = self.args.rounds, block_unit(self.args.rounds_per_block)
+        rounds = rounds_that_fit(planned, needs_s, self.left_s(), unit)
         self.result.setdefault("rounds", {})[name] = {"planned": planned, "run": rounds}
-        await self.part(name, needs_s(rounds or min(planned, 2)), lambda: body(rounds))
+        await self.part(name, needs_s(rounds or min(planned, unit)), lambda: body(rounds))
 
     async def rotate(self, part: str, tables: dict[str, list[list[int]]], rounds: int) -> None:
-        """The arms' tables in rotated rounds, one window each, exploration off."""
+        """The arms' tables in rotated rounds, one window each (its round and block recorded),
+        exploration off."""
         await self.server.put(SETTINGS_PATH, STATIC)
-        for index, arm in enumerate(rotations(list(tables), rounds)):
-            await self.put_table(tables[arm])
-            if arm == NIGHTJAR:
-                await self.nightjar_window(part, index)
+        for visit in visits(list(tables), rounds, self.args.rounds_per_block):
+            await self.put_table(tables[visit["arm"]])
+            if visit["arm"] == NIGHTJAR:
+                await self.nightjar_window(part, visit)
                 continue
             await asyncio.sleep(self.args.settle_s)
-            await self.window(f"{part}-arms", arm, index, self.args.window_s)
+            await self.visit_window(part, visit)
 
-    async def nightjar_window(self, part: str, index: int) -> None:
+    async def visit_window(self, part: str, visit: Row) -> None:
+        arm, index = visit["arm"], visit["index"]
+        places = {"round": visit["round"], "block": visit["block"]}
+        await self.window(f"{part}-arms", arm, index, self.args.window_s, **places)
+
+    async def nightjar_window(self, part: str, visit: Row) -> None:
         """A fresh bandit (switched on from the table), NIGHTJAR_LEARN_S to learn, one window;
         back to the table whatever happened."""
         on = {"policy": NIGHTJAR, "nightjar_exploration": self.args.nightjar_exploration}
         await self.server.put(SETTINGS_PATH, on)
         try:
             await asyncio.sleep(self.args.nightjar_learn_s + self.args.settle_s)
-            await self.window(f"{part}-arms", NIGHTJAR, index, self.args.window_s)
+            await self.visit_window(part, visit)
         finally:
             await self.server.put(SETTINGS_PATH, {"policy": "table"})
 
@@ -263,6 +290,7 @@ async def run(args: argparse.Namespace) -> int:
             "window_s": args.window_s,
             "settle_s": args.settle_s,
             "rounds": args.rounds,
+            "rounds_per_block": args.rounds_per_block,
             "arms": args.arms.split(","),
             "nightjar": {
                 "learn_s": args.nightjar_learn_s,
@@ -300,6 +328,9 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, default=6)
     parser.add_argument("--settle-s", type=float, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds-per-block", type=int, default=1,
+                        help="interleaved blocks: consecutive rounds pooled per arm, compared "
+                        "block by block (even; 1: no blocks)")  # fmt: skip
     parser.add_argument("--arms", default=",".join(ARMS),
                         help="which, of " + ",".join(KNOWN_ARMS))  # fmt: skip
     parser.add_argument("--nightjar-learn-s", type=float, default=12,
@@ -341,6 +372,12 @@ def main() -> int:
     unknown = set(args.arms.split(",")) - set(KNOWN_ARMS)
     if unknown:
         parser.error(f"--arms: unknown {sorted(unknown)}; known: {','.join(KNOWN_ARMS)}")
+    per_block = args.rounds_per_block
+    if per_block < 1 or (per_block > 1 and per_block % 2):
+        parser.error(f"--rounds-per-block {per_block}: 1 or even (a block: whole pairs of "
+                     "rounds, an order and its reverse; no arm keeps a place)")  # fmt: skip
+    if per_block > 1 and args.rounds % per_block:
+        parser.error(f"--rounds {args.rounds}: whole blocks of {per_block} rounds")
     if args.settle_s < args.sync_interval_s:  # the window's step cells lag by up to one sync
         parser.error(
             f"--settle-s {args.settle_s:g} < the plugin's sync interval "

@@ -12,6 +12,9 @@ loss), their range (``spread_of_ratios``: ``loss_is_a_result_paired`` when the l
 and a distribution-free interval of the median (narrows as rounds are added; the range does
 not). A slow drift of the machine moves both windows of a round and cancels in the ratio. Arms
 running one and the same k are compared paired as well (the null). Rounds planned vs run.
+In a run of interleaved blocks (meta ``rounds_per_block`` > 1) the same per block: an arm's
+tokens/s in a block is its windows' tokens over their seconds (eval_traffic_paired.py); the
+daemon's goal is then judged on blocks and says so (``unit``).
 
 With the GPUs' once-a-second log (--gpu-clocks, or the job's gpu_clocks.csv beside RAW), every
 window in ``windows`` gets the mean SM clock, utilization and power and the throttle reasons seen
@@ -37,7 +40,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import statistics
 import sys
 from collections import Counter
@@ -48,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import goal  # noqa: E402
+from eval_traffic_paired import blocks_left_out, by_block, by_round, paired  # noqa: E402
 from gpu_clocks import annotate, job_gpus, mean_of, read_clocks  # noqa: E402
 from host_load import annotate as annotate_host  # noqa: E402
 from host_load import read_host_load  # noqa: E402
@@ -107,47 +110,14 @@ def relative_range(values: list[float]) -> float:
     return round((max(values) - min(values)) / statistics.fmean(values), 4)
 
 
-def by_round(windows: list[Row]) -> list[dict[str, float]]:
-    """Tokens/s of each arm per round (a round: every arm once, in the rotation's order, so
-    its windows are close in time)."""
-    count = len(set(w["arm"] for w in windows))
-    rounds: dict[int, dict[str, float]] = {}
-    for w in windows:
-        rounds.setdefault(w["index"] // count, {})[w["arm"]] = w["tokens_per_s"]
-    return [rounds[r] for r in sorted(rounds)]
-
-
-def median_interval(values: list[float], coverage: float = 0.95) -> Row:
-    """A distribution-free interval of the median: the order statistics x_(j)..x_(n+1-j) with
-    the largest j whose coverage (binomial, p = 1/2) is at least ``coverage``; with too few
-    values for that, min..max and the coverage it has (4 values: 87.5 %). Unlike the range, it
-    narrows as rounds are added."""
-    xs, n = sorted(values), len(values)
-
-    def covered(j: int) -> float:
-        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(j)) / 2.0**n
-
-    j = 1
-    while j < n // 2 and covered(j + 1) >= coverage:
-        j += 1
-    return {"low": round(xs[j - 1], 4), "high": round(xs[n - j], 4),
-            "coverage": round(covered(j), 3)}  # fmt: skip
-
-
-def paired(rounds: list[dict[str, float]], arm: str, against: str) -> Row:
-    """``arm``'s window over ``against``'s of the same round, per round: their median and
-    range. A slow drift of the machine (tens of seconds) moves both windows of a round alike
-    and cancels in the ratio; the range of the ratios is the noise that remains."""
-    ratios = [r[arm] / r[against] for r in rounds if arm in r and against in r]
-    if not ratios:
-        return {"ratios": [], "median_ratio": None, "spread_of_ratios": None,
-                "median_ratio_interval": None}  # fmt: skip
-    return {
-        "ratios": [round(v, 4) for v in ratios],
-        "median_ratio": round(statistics.median(ratios), 4),
-        "spread_of_ratios": round(max(ratios) - min(ratios), 4),
-        "median_ratio_interval": median_interval(ratios),
-    }
+def paired_loss(units: list[dict[str, float]], name: str, best: str) -> tuple[Row, bool]:
+    """``name`` paired with the best fixed k over ``units`` (rounds or blocks): 1 - the median
+    ratio (its loss) beside the paired figures, and whether that loss is larger than the range
+    of the ratios."""
+    pair = paired(units, name, best)
+    loss = None if pair["median_ratio"] is None else round(1.0 - pair["median_ratio"], 4)
+    result = name != best and loss is not None and abs(loss) > pair["spread_of_ratios"]
+    return {"loss_vs_best_fixed_k": loss, **pair}, result
 
 
 def window_engine(w: Row) -> Row:
@@ -280,17 +250,17 @@ def load_report(raw: Row, part: str) -> Row | None:
     best = max(fixed, key=lambda arm: fixed[arm]["mean"])
     rounds = by_round(windows)
     planned_and_run = {"planned": raw["meta"].get("rounds"), "run": len(rounds)}
+    per_block = raw["meta"].get("rounds_per_block", 1)
+    blocks = by_block(windows, per_block) if per_block > 1 else None
     for name, arm in arms.items():
         arm["loss_vs_best_fixed_k"] = round(1.0 - arm["mean"] / fixed[best]["mean"], 4)
         spread = max(arm["relative_range"] or 0.0, fixed[best]["relative_range"] or 0.0)
         arm["spread_judged_against"] = spread
         arm["loss_is_a_result"] = name != best and abs(arm["loss_vs_best_fixed_k"]) > spread
-        pair = paired(rounds, name, best)
-        loss = None if pair["median_ratio"] is None else round(1.0 - pair["median_ratio"], 4)
-        arm["paired"] = {"loss_vs_best_fixed_k": loss, **pair}
-        arm["loss_is_a_result_paired"] = (
-            name != best and loss is not None and abs(loss) > pair["spread_of_ratios"]
-        )
+        arm["paired"], arm["loss_is_a_result_paired"] = paired_loss(rounds, name, best)
+        if blocks is not None:
+            pair, arm["loss_is_a_result_blocks"] = paired_loss(blocks, name, best)
+            arm["blocks"] = {"tokens_per_s": [round(b[name], 1) for b in blocks], **pair}
     convergence = [
         {
             "since_daemon_start_s": w.get("since_daemon_start_s"),
@@ -317,12 +287,19 @@ def load_report(raw: Row, part: str) -> Row | None:
         for k, names in single.items()
         if len(names) > 1
     }
+    for group in alike.values() if blocks is not None else ():
+        names = group["arms"]
+        group["blocks_against_the_first"] = {n: paired(blocks, n, names[0]) for n in names[1:]}
     rates = tuple(raw["meta"]["synthetic_rates"])
     decisions = replay(raw, rates=rates, load=round(effective), part=f"{part}-daemon")
     lines = [window_line(w) for w in windows]
+    block_count = {} if blocks is None else {"blocks": {
+        "rounds_per_block": per_block, "run": len(blocks),
+        "left_out": blocks_left_out(windows, per_block)}}  # fmt: skip
     return {
         "effective_batch": round(effective, 1),
         "rounds": raw.get("rounds", {}).get(part, planned_and_run),
+        **block_count,
         "best_fixed_k": best,
         "k_mix": mix,
         "arms_running_one_and_the_same_k": alike,
@@ -408,37 +385,62 @@ def loads_of(meta: Row) -> list[Row]:
     ]  # fmt: skip
 
 
-def daemon_goal(shape: str, reports: list[Row]) -> Row:
-    """The daemon's worst-load loss under one shape, judged only where the spread allows."""
+def daemon_goal(shape: str, reports: list[Row], rounds_per_block: int = 1) -> Row:
+    """The daemon's worst-load loss under one shape, judged only where the spread allows: on
+    the means of its windows (paired per round beside them), or, in a run of interleaved
+    blocks, on the blocks (those figures kept under ``windows_and_rounds``)."""
     losses = [r["arms"]["daemon"]["loss_vs_best_fixed_k"] for r in reports if "daemon" in r["arms"]]
     spreads = [r["arms"]["daemon"]["spread_judged_against"] for r in reports
                if "daemon" in r["arms"]]  # fmt: skip
     worst = max(losses, default=None)
     bound = 0.015 if shape == "decode-heavy" else 0.03
-    pairs = [r["arms"]["daemon"]["paired"] for r in reports if "daemon" in r["arms"]]
-    pairs = [p for p in pairs if p["loss_vs_best_fixed_k"] is not None]
-    worst_paired = max((p["loss_vs_best_fixed_k"] for p in pairs), default=None)
-    paired_spread = max((p["spread_of_ratios"] for p in pairs), default=None)
-    nulls = [abs(1.0 - pair["median_ratio"]) for r in reports
-             for group in r["arms_running_one_and_the_same_k"].values()
-             for pair in group["paired_against_the_first"].values()
-             if pair["median_ratio"] is not None]  # fmt: skip
-    return {
+    windows = {
         **goal(worst, f"<= {bound:.1%}", worst is not None and worst <= bound),
         "largest_same_arm_spread": max(spreads, default=None),
         "judgeable": bool(spreads) and max(spreads) < bound,
-        "paired": {
-            **goal(
-                worst_paired, f"<= {bound:.1%}", worst_paired is not None and worst_paired <= bound
-            ),
-            "note": "per load, the median over rounds of the daemon's window over the best "
-            "fixed k's window of the same round; judgeable when the largest range of those "
-            "ratios is below the bound; two arms running one and the same k should differ "
-            "by less than that too (largest_same_k_paired_difference, the null)",
-            "largest_spread_of_ratios": paired_spread,
-            "largest_same_k_paired_difference": round(max(nulls), 4) if nulls else None,
-            "judgeable": paired_spread is not None and paired_spread < bound,
-        },
+        "paired": paired_goal(
+            reports, bound, "paired", "paired_against_the_first",
+            "per load, the median over rounds of the daemon's window over the best fixed k's "
+            "window of the same round; judgeable when the largest range of those ratios is "
+            "below the bound; two arms running one and the same k should differ by less than "
+            "that too (largest_same_k_paired_difference, the null)",
+        ),
+    }  # fmt: skip
+    if rounds_per_block <= 1:
+        return windows
+    return {
+        **paired_goal(
+            reports, bound, "blocks", "blocks_against_the_first",
+            f"per load, the median over blocks ({rounds_per_block} rounds each; an arm's "
+            "tokens/s in a block: its windows' tokens over their seconds) of the daemon's over "
+            "the best fixed k's (the fixed k whose windows' mean is highest, as without blocks); "
+            "judgeable when the largest range of those ratios is below the bound; arms running "
+            "one and the same k compared on blocks too (the null)",
+        ),
+        "unit": "block",
+        "rounds_per_block": rounds_per_block,
+        "windows_and_rounds": windows,
+    }  # fmt: skip
+
+
+def paired_goal(reports: list[Row], bound: float, key: str, null_key: str, note: str) -> Row:
+    """The daemon's worst paired loss over the loads, from each arm's ``key`` (rounds or
+    blocks), judgeable when the largest range of its ratios is below ``bound``; the largest
+    difference between arms running one and the same k (``null_key``), the null."""
+    pairs = [r["arms"]["daemon"][key] for r in reports if "daemon" in r["arms"]]
+    pairs = [p for p in pairs if p["loss_vs_best_fixed_k"] is not None]
+    worst = max((p["loss_vs_best_fixed_k"] for p in pairs), default=None)
+    spread = max((p["spread_of_ratios"] for p in pairs), default=None)
+    nulls = [abs(1.0 - pair["median_ratio"]) for r in reports
+             for group in r["arms_running_one_and_the_same_k"].values()
+             for pair in group[null_key].values()
+             if pair["median_ratio"] is not None]  # fmt: skip
+    return {
+        **goal(worst, f"<= {bound:.1%}", worst is not None and worst <= bound),
+        "note": note,
+        "largest_spread_of_ratios": spread,
+        "largest_same_k_paired_difference": round(max(nulls), 4) if nulls else None,
+        "judgeable": spread is not None and spread < bound,
     }
 
 
@@ -503,7 +505,9 @@ def report(raw: Row, clocks: Row | None = None, host: Row | None = None) -> Row:
         "loads": loads,
         "goals": {
             **{
-                f"daemon_worst_load_loss_{shape.replace('-', '_')}": daemon_goal(shape, reports)
+                f"daemon_worst_load_loss_{shape.replace('-', '_')}": daemon_goal(
+                    shape, reports, meta.get("rounds_per_block", 1)
+                )
                 for shape, reports in by_shape.items()
             },
             "nightjar_style_loss_3x_daemon": nightjar_goal(list(measured.values())),

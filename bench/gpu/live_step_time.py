@@ -294,8 +294,10 @@ class Run:
             await asyncio.sleep(self.args.settle_s)  # past the switch and one sync round
             await self.window(part, arm, index, seconds)
 
-    async def window(self, part: str, arm: str, index: int, seconds: float) -> Row:
-        row = await self.server.window({"part": part, "arm": arm, "index": index}, seconds)
+    async def window(self, part: str, arm: str, index: int, seconds: float, **label: int) -> Row:
+        """One window, recorded with its part, arm, place and ``label``'s further places."""
+        row = await self.server.window({"part": part, "arm": arm, "index": index, **label},
+                                       seconds)  # fmt: skip
         self.result["windows"].append(row)
         print(json.dumps({k: row[k] for k in ("part", "arm", "tokens_per_s")}), flush=True)
         return row

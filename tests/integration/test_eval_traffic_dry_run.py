@@ -96,3 +96,35 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
     assert sorted(set(arms)) == ["after", "before", "k1", "k2", "k3"] and len(arms) == 10
     assert report["shape_change"]["windows_after_the_change"]
     assert report["goals"]["shape_change"]["measured"] is not None
+
+
+def test_the_gpu_job_runs_interleaved_blocks_of_short_visits(tmp_path: Path) -> None:
+    """The next launch's design at a CPU's scale: half-second windows after a quarter second's
+    settle (the plugin syncing every 0.05 s), rounds in blocks of two; the report pairs the
+    arms on blocks and judges the goal on them."""
+    out = tmp_path / "out"
+    done = dry_run(
+        "eval_traffic.sh",
+        out,
+        BUDGET_S="120",
+        TABLETUNE_SYNC_INTERVAL_S="0.05",
+        DRIVER_ARGS="--loads 4 --arms k1,k3,daemon --warmup-s 1 --window-s 0.5 --settle-s 0.25 "
+        "--daemon-s 2 --daemon-cycle-s 1 --rounds 4 --rounds-per-block 2",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    raw = json.loads((out / "eval_traffic.json").read_text())
+    assert raw["errors"] == [] and raw["meta"]["rounds_per_block"] == 2
+    assert raw["rounds"] == {"chat-like-B4": {"planned": 4, "run": 4}}
+    arms = [w for w in raw["windows"] if w["part"] == "chat-like-B4-arms"]
+    assert [(w["round"], w["block"]) for w in arms] == [
+        (r, r // 2) for r in range(4) for _ in "abc"
+    ]
+    report = json.loads((out / "eval_traffic_h200.json").read_text())
+    load = report["loads"]["chat-like-B4"]
+    assert load["blocks"] == {"rounds_per_block": 2, "run": 2, "left_out": 0}
+    assert all(len(arm["blocks"]["ratios"]) == 2 for arm in load["arms"].values())
+    goal = report["goals"]["daemon_worst_load_loss_chat_like"]
+    assert (
+        goal["unit"] == "block"
+        and goal["measured"] == load["arms"]["daemon"]["blocks"]["loss_vs_best_fixed_k"]
+    )

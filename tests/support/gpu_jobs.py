@@ -29,6 +29,22 @@ def load_gpu_module(name: str) -> ModuleType:
     return module
 
 
+def eval_traffic_driver() -> ModuleType:
+    """bench/gpu/eval_traffic.py, after the modules it imports by name."""
+    for name in ("live_step_time_report", "traffic", "live_step_time", "live_daemon"):
+        load_gpu_module(name)
+    return load_gpu_module("eval_traffic")
+
+
+def eval_traffic_report() -> ModuleType:
+    """bench/gpu/eval_traffic_report.py, after the modules it imports by name."""
+    eval_traffic_driver()
+    for name in ("live_daemon_report", "gpu_clocks", "host_logger", "host_load",
+                 "eval_traffic_paired"):  # fmt: skip
+        load_gpu_module(name)
+    return load_gpu_module("eval_traffic_report")
+
+
 def dry_run(script: str, out: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """``bench/gpu/<script>`` against the stand-in on a free port, results under ``out``."""
     full = {

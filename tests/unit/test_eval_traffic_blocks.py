@@ -1,0 +1,315 @@
+"""Interleaved blocks (bench/gpu/eval_traffic.py --rounds-per-block, eval_traffic_paired.py):
+the driver's visits grouped into balanced blocks, each arm's block tokens/s as Σ tokens / Σ
+seconds of its windows, the paired statistic on blocks, and a stall that hits every arm of a
+block alike cancelling in the block's ratios."""
+
+from __future__ import annotations
+
+import statistics
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.support.gpu_jobs import eval_traffic_driver, eval_traffic_report, load_gpu_module
+from tests.unit.test_eval_traffic import raw_run, window
+
+ARMS = ["k1", "k2", "k3", "daemon", "nightjar"]
+
+
+@pytest.fixture(scope="module")
+def driver() -> ModuleType:
+    return eval_traffic_driver()
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return eval_traffic_report()
+
+
+@pytest.fixture(scope="module")
+def paired() -> ModuleType:
+    return load_gpu_module("eval_traffic_paired")
+
+
+# -- the driver's visits ------------------------------------------------------------------------
+
+
+@given(arms=st.lists(st.sampled_from(ARMS), min_size=1, max_size=5, unique=True),
+       per_block=st.sampled_from([1, 2, 4, 6]), blocks=st.integers(1, 4))  # fmt: skip
+def test_every_block_holds_every_arm_equally_often_at_the_same_mean_place(
+    driver: ModuleType, arms: list[str], per_block: int, blocks: int
+) -> None:
+    rounds = per_block * blocks if per_block > 1 else 2 * blocks
+    visits = driver.visits(arms, rounds, per_block)
+    assert [v["arm"] for v in visits] == driver.rotations(arms, rounds)  # the same order
+    assert [v["index"] for v in visits] == list(range(len(visits)))
+    assert all(v["round"] == v["index"] // len(arms) for v in visits)
+    assert all(v["block"] == v["round"] // per_block for v in visits)
+    for block in {v["block"] for v in visits}:
+        held = [v for v in visits if v["block"] == block]
+        places = {arm: [v["index"] % len(arms) for v in held if v["arm"] == arm] for arm in arms}
+        assert {len(p) for p in places.values()} == {per_block}
+        if per_block > 1:  # a stall inside a block favours no arm on average
+            means = {statistics.fmean(p) for p in places.values()}
+            assert max(means) - min(means) < 1e-9
+
+
+@given(arms=st.lists(st.sampled_from(ARMS), min_size=2, max_size=5, unique=True),
+       per_block=st.sampled_from([2, 4, 6]), data=st.data())  # fmt: skip
+def test_a_stall_hits_the_arms_of_a_block_equally_often_give_or_take_two_visits(
+    driver: ModuleType, arms: list[str], per_block: int, data: st.DataObject
+) -> None:
+    """A stall is a run of consecutive visits: the tail of one round, whole rounds, the head
+    of another; within a block it hits every arm as often as any other but for two visits at
+    most (what leaves a block's ratio moved: at most 2/N of the stall's depth)."""
+    visits = driver.visits(arms, 2 * per_block, per_block)
+    start = data.draw(st.integers(0, len(visits) - 1))
+    hit = visits[start : data.draw(st.integers(start + 1, len(visits)))]
+    for block in {v["block"] for v in hit}:
+        counts = [sum(v["arm"] == arm and v["block"] == block for v in hit) for arm in arms]
+        assert max(counts) - min(counts) <= 2
+
+
+@given(planned=st.integers(1, 60), unit=st.sampled_from([2, 4, 6, 8]),
+       per_round=st.floats(1, 100), fixed=st.floats(0, 200),
+       left=st.floats(0, 5000))  # fmt: skip
+def test_a_load_runs_its_plan_or_the_most_whole_blocks_that_fit(
+    driver: ModuleType, planned: int, unit: int, per_round: float, fixed: float, left: float
+) -> None:
+    def needs(rounds: int) -> float:
+        return fixed + per_round * rounds
+
+    rounds = driver.rounds_that_fit(planned, needs, left, unit)
+    if needs(planned) <= left:
+        assert rounds == planned
+    elif needs(unit) > left or planned <= unit:
+        assert rounds == 0
+    else:
+        assert rounds % unit == 0 and unit <= rounds < planned and needs(rounds) <= left
+        assert needs(rounds + unit) > left or rounds + unit >= planned
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--rounds-per-block", "3", "--rounds", "6"], "--rounds-per-block 3: 1 or even"),
+        (["--rounds-per-block", "0"], "--rounds-per-block 0: 1 or even"),
+        (["--rounds-per-block", "4", "--rounds", "10"], "--rounds 10: whole blocks of 4"),
+    ],
+)
+def test_blocks_that_cannot_be_balanced_are_a_one_line_error(
+    flags: list[str], message: str, tmp_path: Any
+) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run(
+        [sys.executable, "bench/gpu/eval_traffic.py", "--out", str(tmp_path / "o.json"), *flags],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": "src", "PATH": ""},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "o.json").exists()
+
+
+# -- block tokens/s and the paired statistic on blocks -----------------------------------------
+
+
+def arm_window(arm: str, block: int, tokens_per_s: float, wall_s: float) -> dict[str, Any]:
+    return {"arm": arm, "block": block, "tokens_per_s": tokens_per_s, "wall_s": wall_s}
+
+
+def test_a_blocks_tokens_per_s_is_its_tokens_over_its_seconds(paired: ModuleType) -> None:
+    windows = [
+        arm_window("k3", 0, 12000.0, 4.0), arm_window("daemon", 0, 11000.0, 2.0),
+        arm_window("daemon", 0, 12000.0, 2.0), arm_window("k3", 0, 10000.0, 1.0),
+        arm_window("k3", 1, 9000.0, 1.0), arm_window("daemon", 1, 9900.0, 1.0),
+        arm_window("daemon", 1, 8100.0, 1.0), arm_window("k3", 1, 9000.0, 1.0),
+    ]  # fmt: skip
+    blocks = paired.by_block(windows, 2)
+    assert blocks == [{"k3": pytest.approx(58000 / 5), "daemon": pytest.approx(46000 / 4)},
+                      {"k3": pytest.approx(9000.0), "daemon": pytest.approx(9000.0)}]  # fmt: skip
+    ratios = paired.paired(blocks, "daemon", "k3")
+    assert ratios["ratios"] == [round(11500 / 11600, 4), 1.0]
+    assert ratios["spread_of_ratios"] == pytest.approx(1.0 - 11500 / 11600, abs=1e-4)
+
+
+def test_a_block_missing_a_window_is_left_out(paired: ModuleType) -> None:
+    """A part that failed inside a block: its last block is not whole, so not balanced."""
+    windows = [arm_window("k3", 0, 100.0, 1.0), arm_window("k1", 0, 90.0, 1.0),
+               arm_window("k1", 0, 90.0, 1.0), arm_window("k3", 0, 100.0, 1.0),
+               arm_window("k3", 1, 50.0, 1.0), arm_window("k1", 1, 90.0, 1.0)]  # fmt: skip
+    assert paired.by_block(windows, 2) == [{"k3": 100.0, "k1": 90.0}]
+    assert paired.blocks_left_out(windows, 2) == 1
+
+
+def stalled(windows: list[dict[str, Any]], factor: float, start: int, stop: int) -> list[Any]:
+    """``windows`` (in run order) with those from ``start`` to ``stop`` slowed by ``factor``:
+    a stall of the engine, every arm running then alike."""
+    return [dict(w, tokens_per_s=w["tokens_per_s"] * factor) if start <= i < stop else w
+            for i, w in enumerate(windows)]  # fmt: skip
+
+
+def rotated(driver: ModuleType, arms: list[str], per_block: int, levels: list[float],
+            walls: list[float]) -> list[Any]:  # fmt: skip
+    """Windows in the driver's order (rotations), blocks of ``per_block`` rounds; the n-th
+    window's tokens/s and wall seconds from ``levels`` and ``walls`` (cycled)."""
+    blocks = max(1, len(levels) // (len(arms) * per_block))
+    return [
+        arm_window(v["arm"], v["block"], levels[n % len(levels)], walls[n % len(walls)])
+        for n, v in enumerate(driver.visits(arms, per_block * blocks, per_block))
+    ]
+
+
+ARM_SETS = st.lists(st.sampled_from(ARMS), min_size=2, max_size=4, unique=True)
+LEVELS = st.lists(st.floats(1000, 20000), min_size=8, max_size=64)
+WALLS = st.lists(st.floats(0.9, 1.3), min_size=1, max_size=8)
+
+
+@given(arms=ARM_SETS, per_block=st.sampled_from([2, 4]), levels=LEVELS, walls=WALLS,
+       factor=st.floats(0.3, 1.0), data=st.data())  # fmt: skip
+def test_a_stall_spanning_whole_blocks_leaves_the_block_ratios_unchanged(
+    driver: ModuleType, paired: ModuleType, arms: list[str], per_block: int, levels: list[float],
+    walls: list[float], factor: float, data: st.DataObject,
+) -> None:  # fmt: skip
+    windows = rotated(driver, arms, per_block, levels, walls)
+    size = len(arms) * per_block  # windows in a block
+    count = len(windows) // size
+    first = data.draw(st.integers(0, count - 1))
+    last = data.draw(st.integers(first, count - 1))
+    hit = stalled(windows, factor, first * size, (last + 1) * size)
+    before, after = paired.by_block(windows, per_block), paired.by_block(hit, per_block)
+    assert len(after) == len(before) == count
+    for was, now in zip(before, after, strict=True):
+        for arm in arms[1:]:
+            assert now[arm] / now[arms[0]] == pytest.approx(was[arm] / was[arms[0]], rel=1e-9)
+
+
+@given(arms=ARM_SETS, per_block=st.sampled_from([2, 4]), levels=LEVELS, walls=WALLS,
+       factor=st.floats(0.3, 1.0), data=st.data())  # fmt: skip
+def test_a_blocks_tokens_per_s_is_sum_over_sum_wherever_a_stall_falls(
+    driver: ModuleType, paired: ModuleType, arms: list[str], per_block: int,
+    levels: list[float], walls: list[float], factor: float, data: st.DataObject,
+) -> None:  # fmt: skip
+    windows = rotated(driver, arms, per_block, levels, walls)
+    start = data.draw(st.integers(0, len(windows)))
+    hit = stalled(windows, factor, start, data.draw(st.integers(start, len(windows))))
+    blocks = paired.by_block(hit, per_block)
+    for b, block in enumerate(blocks):
+        for arm in arms:
+            mine = [w for w in hit if w["block"] == b and w["arm"] == arm]
+            tokens = sum(w["tokens_per_s"] * w["wall_s"] for w in mine)
+            assert block[arm] == pytest.approx(tokens / sum(w["wall_s"] for w in mine))
+
+
+@given(arms=ARM_SETS, per_block=st.sampled_from([2, 4]), levels=LEVELS)
+def test_with_windows_of_one_length_blocks_never_widen_the_spread_of_the_rounds(
+    driver: ModuleType, paired: ModuleType, arms: list[str], per_block: int, levels: list[float]
+) -> None:
+    """A block's ratio is then a weighted mean of its rounds' ratios: within their range."""
+    windows = rotated(driver, arms, per_block, levels, [1.0])
+    rows = [dict(w, index=i) for i, w in enumerate(windows)]
+    rounds, blocks = paired.by_round(rows), paired.by_block(windows, per_block)
+    for arm in arms[1:]:
+        by_round = paired.paired(rounds, arm, arms[0])["ratios"]
+        for b, ratio in enumerate(paired.paired(blocks, arm, arms[0])["ratios"]):
+            mine = by_round[b * per_block : (b + 1) * per_block]
+            assert min(mine) - 1e-4 <= ratio <= max(mine) + 1e-4
+
+
+@given(values=st.lists(st.floats(0.5, 1.5), min_size=1, max_size=40))
+def test_the_median_interval_holds_the_median_and_covers_at_least_95_when_it_can(
+    paired: ModuleType, values: list[float]
+) -> None:
+    interval = paired.median_interval(values)
+    median = statistics.median(values)
+    assert interval["low"] - 1e-4 <= median <= interval["high"] + 1e-4
+    if len(values) >= 6:
+        assert interval["coverage"] >= 0.95
+    else:  # too few for 95 %: min..max and what it covers
+        assert (interval["low"], interval["high"]) == (round(min(values), 4),
+                                                       round(max(values), 4))  # fmt: skip
+        assert interval["coverage"] == round(1 - 2 / 2 ** len(values), 3)
+
+
+# -- the report on a run of blocks --------------------------------------------------------------
+
+
+def block_run(
+    driver: ModuleType, per_block: int, stall_blocks: set[int]
+) -> tuple[dict[str, Any], str]:
+    """Chat-like B=192, 6 blocks: the daemon 2 % below k3 and running k=3 like it; k1 at 75 %
+    of k3; every window of a stalled block at half speed (all arms alike)."""
+    part = "chat-like-B192"
+    level = {"k1": (9000.0, 1), "k3": (12000.0, 3), "daemon": (11760.0, 3)}
+    rows = []
+    for v in driver.visits(list(level), 6 * per_block, per_block):
+        tps, k = level[v["arm"]]
+        row = window(f"{part}-arms", v["arm"], tps * (0.5 if v["block"] in stall_blocks else 1), k)
+        rows.append({**row, "wall_s": 1.0, **v})
+    raw = raw_run(rows, [{"part": part, "shape": "chat-like", "clients": 192}])
+    raw["meta"]["rounds_per_block"] = per_block
+    return raw, part
+
+
+def test_blocks_pair_each_arm_with_the_best_fixed_k_and_judge_the_goal_on_them(
+    driver: ModuleType, report: ModuleType
+) -> None:
+    raw, part = block_run(driver, per_block=2, stall_blocks={1, 4})
+    result = report.report(raw)
+    load = result["loads"][part]
+    assert load["best_fixed_k"] == "k3"  # by the mean of its windows, as before
+    assert load["blocks"] == {"rounds_per_block": 2, "run": 6, "left_out": 0}
+    daemon = load["arms"]["daemon"]["blocks"]
+    assert daemon["ratios"] == [0.98] * 6 and daemon["spread_of_ratios"] == 0.0
+    assert daemon["loss_vs_best_fixed_k"] == pytest.approx(0.02)
+    assert daemon["tokens_per_s"] == [11760.0, 5880.0, 11760.0, 11760.0, 5880.0, 11760.0]
+    assert load["arms"]["daemon"]["loss_is_a_result_blocks"] is True
+    assert load["arms"]["k3"]["loss_is_a_result_blocks"] is False
+    null = load["arms_running_one_and_the_same_k"]["k3"]["blocks_against_the_first"]["daemon"]
+    assert null["median_ratio"] == pytest.approx(0.98)
+    goal = result["goals"]["daemon_worst_load_loss_chat_like"]
+    assert (goal["unit"], goal["rounds_per_block"]) == ("block", 2)
+    assert goal["measured"] == pytest.approx(0.02) and goal["pass"] is True
+    assert goal["judgeable"] is True and goal["largest_spread_of_ratios"] == 0.0
+    assert goal["largest_same_k_paired_difference"] == pytest.approx(0.02)
+    windows = goal["windows_and_rounds"]  # the per-window verdict, as without blocks
+    assert windows["judgeable"] is False  # the stalls make the same-arm spread 50 %
+    assert windows["paired"]["judgeable"] is True  # (each round here is inside one block)
+
+
+def test_a_stall_over_part_of_a_round_widens_the_block_spread_past_judging(
+    driver: ModuleType, report: ModuleType
+) -> None:
+    """Block 0's second round runs daemon, k3, k1; a stall over its last two windows hits k3
+    and k1 but not the daemon: block 0's daemon/k3 ratio is 11760 / 9000."""
+    raw, _ = block_run(driver, per_block=2, stall_blocks=set())
+    for row in raw["windows"][4:6]:
+        row["tokens_per_s"] *= 0.5
+    goal = report.report(raw)["goals"]["daemon_worst_load_loss_chat_like"]
+    assert goal["largest_spread_of_ratios"] == round(11760 / 9000 - 0.98, 4)
+    assert goal["judgeable"] is False and goal["measured"] == pytest.approx(0.02)
+
+
+def test_a_run_without_blocks_reports_as_before(driver: ModuleType, report: ModuleType) -> None:
+    raw, part = block_run(driver, per_block=2, stall_blocks=set())
+    del raw["meta"]["rounds_per_block"]
+    for row in raw["windows"]:
+        del row["round"], row["block"]
+    result = report.report(raw)
+    load = result["loads"][part]
+    goal = result["goals"]["daemon_worst_load_loss_chat_like"]
+    assert "blocks" not in load and "unit" not in goal
+    assert all("blocks" not in arm and "loss_is_a_result_blocks" not in arm
+               for arm in load["arms"].values())  # fmt: skip
+    assert set(goal) == {
+        "measured", "goal", "pass", "largest_same_arm_spread", "judgeable", "paired"
+    }  # fmt: skip
+    raw["meta"]["rounds_per_block"] = 1  # a run of today's design that recorded its blocks
+    assert report.report(raw)["loads"] == result["loads"]
