@@ -20,19 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tabletune.step_cells import CellTotals, cells_to_wire
-from tests.support.gpu_jobs import eval_traffic_driver, eval_traffic_report, load_gpu_module
+from tests.support.gpu_jobs import ROOT, load_gpu_module
 
 ARMS = ["k0", "k1", "k2", "k3", "documented", "measured", "daemon"]
-
-
-@pytest.fixture(scope="module")
-def driver() -> ModuleType:
-    return eval_traffic_driver()
-
-
-@pytest.fixture(scope="module")
-def report() -> ModuleType:
-    return eval_traffic_report()
 
 
 @given(arms=st.lists(st.sampled_from(ARMS), min_size=1, max_size=7, unique=True),
@@ -304,7 +294,7 @@ def test_a_bad_measured_table_file_is_a_one_line_error(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         env={"PYTHONPATH": "src", "PATH": ""},
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=ROOT,
     )
     assert done.returncode == 2 and "--measured-table" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "o.json").exists()
@@ -331,7 +321,7 @@ def test_a_load_runs_its_plan_or_the_most_whole_pairs_that_fit(
         assert needs(rounds + 2) > left or rounds + 2 >= planned  # no larger pair fits
 
 
-RAW = Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_raw"
+RAW = ROOT / "bench" / "results" / "gpu_raw"
 CHAT_B192_12S = RAW / "eval_traffic_chat_like_b192_12s_h200_20261130T2359Z.json"
 
 
@@ -495,7 +485,7 @@ def test_the_report_reads_the_host_log_beside_the_raw_file_or_the_one_named(
     (tmp_path / "raw.json").write_text(json.dumps(raw))
     command = [sys.executable, "bench/gpu/eval_traffic_report.py", str(tmp_path / "raw.json"),
                "--out", str(tmp_path / "report.json")]  # fmt: skip
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     done = subprocess.run(command, capture_output=True, text=True, cwd=root)
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "report.json").read_text())

@@ -13,20 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.support.gpu_jobs import eval_traffic_driver, eval_traffic_report, load_gpu_module
-from tests.unit.test_eval_traffic import raw_run, window
+from tests.support.gpu_jobs import ROOT, load_gpu_module
+from tests.unit.eval_traffic.test_eval_traffic import raw_run, window
 
 ARMS = ["k1", "k2", "k3", "daemon", "nightjar"]
-
-
-@pytest.fixture(scope="module")
-def driver() -> ModuleType:
-    return eval_traffic_driver()
-
-
-@pytest.fixture(scope="module")
-def report() -> ModuleType:
-    return eval_traffic_report()
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +95,13 @@ def test_blocks_that_cannot_be_balanced_are_a_one_line_error(
 ) -> None:
     import subprocess
     import sys
-    from pathlib import Path
 
     done = subprocess.run(
         [sys.executable, "bench/gpu/eval_traffic.py", "--out", str(tmp_path / "o.json"), *flags],
         capture_output=True,
         text=True,
         env={"PYTHONPATH": "src", "PATH": ""},
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=ROOT,
     )
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "o.json").exists()
