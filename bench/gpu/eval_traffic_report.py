@@ -26,13 +26,15 @@ gets what the engine did (its raw row: steps, mean decoding step, prompt tokens/
 batch), and each load a ``stalls`` summary: the windows whose GPU was busy under 80 % (count,
 arms), tokens/s correlated with the GPU's busy share, the mean step and the host figures (as
 measured and within arms), and those figures in the stalled windows against the others; a
-run without a log says which it lacks. The daemon's convergence windows and the table it ended
+run without a log says which it lacks. With vLLM's garbage-collection lines (--gc-log, or the
+job's gc_log.txt beside RAW; gc_log.py), each window's collections and the share of it they
+took, correlated with tokens/s too. The daemon's convergence windows and the table it ended
 with. Goals (issue 16): the daemon's worst-load loss <= 3 % (<= 1.5 % decode-heavy); the
 Nightjar-style bandit's (the ``nightjar`` arm, in the engine) >= 3x the daemon's; the
 Nightjar-style comparison and the shape change are reported as not run when they were not.
 
     .venv/bin/python bench/gpu/eval_traffic_report.py RAW.json [--out OUT.json] [--name NAME]
-        [--gpu-clocks CSV] [--gpu-index 1] [--host-load CSV]
+        [--gpu-clocks CSV] [--gpu-index 1] [--host-load CSV] [--gc-log TXT]
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from common import goal  # noqa: E402
 from eval_traffic_paired import blocks_left_out, by_block, by_round, paired  # noqa: E402
+from gc_log import annotate as annotate_gc  # noqa: E402
+from gc_log import read_for_run  # noqa: E402
 from gpu_clocks import annotate, job_gpus, mean_of, read_clocks  # noqa: E402
 from host_load import annotate as annotate_host  # noqa: E402
 from host_load import read_host_load  # noqa: E402
@@ -74,7 +78,8 @@ HOST_FIGURES = (
     "api_server_cpu",
 )  # host_load.window_host's, by the names a window line gives
 FROM_HOST_LOG = (*HOST_FIGURES, "host_busy_share", "host_steal_share")
-FRACTIONS = {n for n in FROM_HOST_LOG if not n.endswith("_per_s")}  # 3 decimals; others 1
+GC_SHARE = "gc_share"  # the engine core's GC time over the window: correlated where logged
+FRACTIONS = {GC_SHARE, *(n for n in FROM_HOST_LOG if not n.endswith("_per_s"))}  # 3 decimals
 CORRELATED = (
     "gpu_utilization_pct",
     "mean_step_ms",
@@ -144,13 +149,14 @@ def window_line(w: Row) -> Row:
 
 
 def logs_of(w: Row) -> Row:
-    """The GPU log's and the host log's figures of a window, those that were joined to it."""
-    return {key: w[key] for key in ("gpu", "host") if key in w}
+    """The GPU, host and GC logs' figures of a window, those that were joined to it."""
+    return {key: w[key] for key in ("gpu", "host", "gc") if key in w}
 
 
 def figures(line: Row) -> dict[str, float | None]:
     """A window line's figures that a stall moves, by name (None: not known)."""
     gpu, host, engine = (line.get(key) or {} for key in ("gpu", "host", "engine"))
+    gc = {GC_SHARE: line["gc"]["share"]} if "gc" in line else {}
     return {
         "tokens_per_s": line["tokens_per_s"],
         "gpu_utilization_pct": gpu.get("utilization_pct"),
@@ -161,6 +167,7 @@ def figures(line: Row) -> dict[str, float | None]:
         **{name: host.get(name) for name in HOST_FIGURES},
         "host_busy_share": host.get("busy_share"),
         "host_steal_share": host.get("steal_share"),
+        **gc,
     }
 
 
@@ -206,14 +213,16 @@ def stalls(lines: list[Row]) -> Row:
     with_gpu = bool(stalled or other)
     host_logged = any("host" in line for line in lines)
     known = [name for name in rows[0] if host_logged or name not in FROM_HOST_LOG]
+    correlated = (*CORRELATED, *([GC_SHARE] if GC_SHARE in rows[0] else []))
     notes = [
         *([] if with_gpu else ["no GPU log for this run: GPU busy shares not known"]),
         *([] if host_logged else ["no host log for this run (host_load.csv): the engine "
                                   "core's CPU, its run-queue wait and steal not known"]),
     ]  # fmt: skip
 
+    tokens = around_arm_medians(lines, [f["tokens_per_s"] for f in rows])
+
     def within(name: str) -> Row:
-        tokens = around_arm_medians(lines, [f["tokens_per_s"] for f in rows])
         figure = around_arm_medians(lines, [f[name] for f in rows])
         return pearson(list(zip(tokens, figure, strict=True)))
 
@@ -229,10 +238,10 @@ def stalls(lines: list[Row]) -> Row:
         "indices": [lines[i]["index"] for i in stalled],
         "pearson_r_of_tokens_per_s_with": {
             name: pearson([(f["tokens_per_s"], f[name]) for f in rows]) if name in known else None
-            for name in CORRELATED
+            for name in correlated
         },
         "pearson_r_within_arms": {
-            name: within(name) if name in known else None for name in CORRELATED
+            name: within(name) if name in known else None for name in correlated
         },
         "stalled_vs_other": {name: means(name) for name in known} if with_gpu else None,
         **({"note": "; ".join(notes)} if notes else {}),
@@ -483,15 +492,23 @@ def with_host_load(raw: Row, path: Path) -> Row:
     return {"path": path.name, **annotate_host(raw, read_host_load(path.read_text()))}
 
 
+def with_gc_log(raw: Row, path: Path) -> Row:
+    """``raw``'s windows annotated in place with the engine core's garbage collections logged
+    wholly inside them; what was read and how it was aligned."""
+    return {"path": path.name, **annotate_gc(raw, read_for_run(raw, path.read_text()))}
+
+
 def beside(raw_path: Path, meta: Row, log: str) -> Path | None:
-    """The log the job wrote beside its raw file (meta.gpu_clocks, meta.host_load), when it
-    is there."""
+    """The log the job wrote beside its raw file (meta.gpu_clocks, meta.host_load,
+    meta.gc_log), when it is there."""
     named = (meta.get(log) or {}).get("path")
     path = raw_path.parent / named if named else None
     return path if path is not None and path.is_file() else None
 
 
-def report(raw: Row, clocks: Row | None = None, host: Row | None = None) -> Row:
+def report(
+    raw: Row, clocks: Row | None = None, host: Row | None = None, gc: Row | None = None
+) -> Row:
     meta = raw["meta"]
     loads = {load["part"]: load_report(raw, load["part"]) for load in loads_of(meta)}
     shapes = {load["part"]: load["shape"] for load in loads_of(meta)}
@@ -516,6 +533,7 @@ def report(raw: Row, clocks: Row | None = None, host: Row | None = None) -> Row:
         "shape_change": change,
         "gpu_clocks": clocks,
         "host_load": host,
+        **({"gc_log": gc} if gc is not None else {}),
         "errors": raw["errors"],
         "skipped": raw["skipped"],
         "durations_s": raw["durations_s"],
@@ -569,13 +587,17 @@ def main() -> int:
     parser.add_argument("--host-load", default=None,
                         help="the host's once-a-second CPU log (host_logger.py's CSV; default: "
                         "the one the job wrote beside RAW, when there)")  # fmt: skip
+    parser.add_argument("--gc-log", default=None,
+                        help="vLLM's garbage-collection lines (GC_DEBUG=1's gc_log.txt; default: "
+                        "the one the job wrote beside RAW, when there)")  # fmt: skip
     args = parser.parse_args()
     raw = json.loads(Path(args.raw).read_text())
     clocks_path = Path(args.gpu_clocks) if args.gpu_clocks else beside(
         Path(args.raw), raw["meta"], "gpu_clocks")  # fmt: skip
     host_path = Path(args.host_load) if args.host_load else beside(
         Path(args.raw), raw["meta"], "host_load")  # fmt: skip
-    clocks = host = None
+    gc_path = Path(args.gc_log) if args.gc_log else beside(Path(args.raw), raw["meta"], "gc_log")
+    clocks = host = gc = None
     if clocks_path is not None:
         index = args.gpu_index or (raw["meta"].get("gpu_clocks") or {}).get("job_gpus")
         try:
@@ -587,7 +609,12 @@ def main() -> int:
             host = with_host_load(raw, host_path)
         except (OSError, ValueError) as error:
             parser.error(f"--host-load {host_path}: {error}")
-    result = report(raw, clocks, host)
+    if gc_path is not None:
+        try:
+            gc = with_gc_log(raw, gc_path)
+        except (OSError, ValueError) as error:
+            parser.error(f"--gc-log {gc_path}: {error}")
+    result = report(raw, clocks, host, gc)
     name = f"eval_traffic_{raw['meta']['shape'].replace('-', '_')}_h200.json"
     if args.name:
         name = f"eval_traffic_{args.name}_h200.json"

@@ -2,25 +2,21 @@
 ``VLLM_GC_DEBUG=1`` vLLM 0.26.0 logs each collection in the engine core (and its workers) with
 its duration and generation (``vllm/utils/gc_utils.py``: "GC took 12.345ms to complete.
 Collected N objects (out of M) in GC generation G."). live_step_time.sh keeps those lines as
-gc_log.txt when run with ``GC_DEBUG=1``. Per window: how many collections, their milliseconds
-in all and per generation, the longest, and the share of the window they took, to tell a
-stall of the engine core's garbage collector from one of the host (host_load.py).
+gc_log.txt when run with ``GC_DEBUG=1`` (meta.gc_log); eval_traffic_report.py joins them to the
+windows. Per window: how many collections, their milliseconds in all and per generation, the
+longest, and the share of the window they took, to tell a stall of the engine core's garbage
+collector from one of the host (host_load.py).
 
 vLLM stamps its lines to the second in the host's local time without a year: a collection
-counts for a window when its whole logged second lies inside the window, the year and the
-offset from UTC coming from the run (meta.date, meta.gpu_clocks.utc_offset).
-
-    python3 bench/gpu/gc_log.py RAW GC_LOG   # per window: arm, tokens/s, its collections
+counts for a window when its whole logged second lies inside the window, the year from the
+run's date and the offset from UTC from meta.gc_log (as ``date +%z`` gave it).
 """
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 from gpu_clocks import utc_offset, window_spans
@@ -79,35 +75,19 @@ def window_gc(collections: list[Collection], start: datetime, end: datetime) -> 
     }
 
 
-def windows_gc(raw: Row, collections: list[Collection]) -> list[Row]:
-    """Every window of the run (in raw["windows"]' order) with its collections."""
+def annotate(raw: Row, collections: list[Collection]) -> Row:
+    """Each window of ``raw`` gets ``gc`` in place; returns how they were aligned and the
+    collections read."""
     spans, aligned, _ = window_spans(raw)
-    return [
-        {"arm": w.get("arm"), "part": w.get("part"), "tokens_per_s": w.get("tokens_per_s"),
-         "aligned": aligned, "gc": window_gc(collections, start, end)}
-        for w, (start, end) in zip(raw["windows"], spans, strict=True)
-    ]  # fmt: skip
+    for w, (start, end) in zip(raw["windows"], spans, strict=True):
+        w["gc"] = window_gc(collections, start, end)
+    return {"aligned": aligned, "collections": len(collections)}
 
 
-def run_clock(raw: Row) -> tuple[int, timezone]:
-    """The run's year and its host's offset from UTC (the log's stamps are local, no year)."""
+def read_for_run(raw: Row, text: str) -> list[Collection]:
+    """The collections of a run's gc_log.txt, its stamps read with the run's year and offset."""
     meta = raw["meta"]
     year = datetime.fromisoformat(meta["date"]).year
-    offset = utc_offset(((meta.get("gpu_clocks") or {}).get("utc_offset")) or "+0000")
-    return year, offset
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: gc_log.py RAW GC_LOG", file=sys.stderr)
-        return 2
-    raw = json.loads(Path(argv[0]).read_text())
-    year, offset = run_clock(raw)
-    collections = read_gc_log(Path(argv[1]).read_text(), year, offset)
-    print(json.dumps({"collections": len(collections), "windows": windows_gc(raw, collections)},
-                     indent=1))  # fmt: skip
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    return read_gc_log(
+        text, year, utc_offset((meta.get("gc_log") or {}).get("utc_offset") or "+0000")
+    )

@@ -101,8 +101,8 @@ trap stop_loggers EXIT
 
 # vLLM in its own process group, so it is stopped by its id.
 # GC_DEBUG=1: vLLM logs each garbage collection of its engine core with its duration
-# (VLLM_GC_DEBUG); those lines are kept as gc_log.txt (bench/gpu/gc_log.py sets them beside
-# the windows).
+# (VLLM_GC_DEBUG); those lines are kept as gc_log.txt (meta.gc_log; eval_traffic_report.py
+# sets them beside the windows, bench/gpu/gc_log.py).
 env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics VLLM_USE_V2_MODEL_RUNNER=1 \
   TABLETUNE_ADMIN_OPEN=loopback VLLM_GC_DEBUG="$([[ ${GC_DEBUG:-0} == 1 ]] && echo 1)" \
   TABLETUNE_SYNC_INTERVAL_S="$SYNC_S" setsid python3 -m "$SERVER_MODULE" "${ARGS[@]}" \
@@ -142,10 +142,12 @@ print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, 
   "gpu_clocks": {"path": "gpu_clocks.csv", "job_gpus": sys.argv[13] or None,
                  "utc_offset": sys.argv[14]} if sys.argv[12] else None,
   "host_load": {"path": "host_load.csv", "pgid": int(sys.argv[15]),
-                "interval_s": float(sys.argv[16])}}))' \
+                "interval_s": float(sys.argv[16])},
+  "gc_log": {"path": "gc_log.txt", "utc_offset": sys.argv[14]}
+            if sys.argv[17] == "1" else None}))' \
   "$gpu" "$engine" "$COMMIT" "$TABLE" "$RATES" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S" \
   "$TARGET" "$TP" "$clocks_pid" "${CUDA_VISIBLE_DEVICES:-}" "$(date +%z)" "$vllm_pid" \
-  "$HOST_LOAD_S")
+  "$HOST_LOAD_S" "${GC_DEBUG:-0}")
 
 # The driver's budget: what is left of BUDGET_S, less ~25 s for stopping vLLM and the report.
 # It keeps to it (parts that no longer fit are skipped); `timeout` is the last resort, and the

@@ -110,10 +110,13 @@ def test_the_gpu_job_runs_interleaved_blocks_of_short_visits(tmp_path: Path) -> 
         TABLETUNE_SYNC_INTERVAL_S="0.05",
         DRIVER_ARGS="--loads 4 --arms k1,k3,daemon --warmup-s 1 --window-s 0.5 --settle-s 0.25 "
         "--daemon-s 2 --daemon-cycle-s 1 --rounds 4 --rounds-per-block 2",
+        GC_DEBUG="1",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     raw = json.loads((out / "eval_traffic.json").read_text())
     assert raw["errors"] == [] and raw["meta"]["rounds_per_block"] == 2
+    assert raw["meta"]["gc_log"]["path"] == "gc_log.txt"
+    assert (out / "gc_log.txt").read_text() == ""  # the stand-in logs no GC lines
     assert raw["rounds"] == {"chat-like-B4": {"planned": 4, "run": 4}}
     arms = [w for w in raw["windows"] if w["part"] == "chat-like-B4-arms"]
     assert [(w["round"], w["block"]) for w in arms] == [
@@ -122,6 +125,9 @@ def test_the_gpu_job_runs_interleaved_blocks_of_short_visits(tmp_path: Path) -> 
     report = json.loads((out / "eval_traffic_h200.json").read_text())
     load = report["loads"]["chat-like-B4"]
     assert load["blocks"] == {"rounds_per_block": 2, "run": 2, "left_out": 0}
+    assert report["gc_log"]["collections"] == 0  # joined by the job's own report
+    assert all(w["gc"]["collections"] == 0 for w in load["windows"])
+    assert "gc_share" in load["stalls"]["pearson_r_of_tokens_per_s_with"]
     assert all(len(arm["blocks"]["ratios"]) == 2 for arm in load["arms"].values())
     goal = report["goals"]["daemon_worst_load_loss_chat_like"]
     assert (

@@ -39,7 +39,7 @@ def eval_traffic_driver() -> ModuleType:
 def eval_traffic_report() -> ModuleType:
     """bench/gpu/eval_traffic_report.py, after the modules it imports by name."""
     eval_traffic_driver()
-    for name in ("live_daemon_report", "gpu_clocks", "host_logger", "host_load",
+    for name in ("live_daemon_report", "gpu_clocks", "gc_log", "host_logger", "host_load",
                  "eval_traffic_paired"):  # fmt: skip
         load_gpu_module(name)
     return load_gpu_module("eval_traffic_report")

@@ -3,9 +3,7 @@ only collections whose whole logged second lies inside a window count for it."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -83,25 +81,22 @@ def test_no_collection_is_counted_outside_its_window(
     assert counted == len(wholly_inside)
 
 
-def test_the_command_sets_a_runs_windows_beside_its_collections(
-    gc: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_runs_windows_get_their_collections_read_in_its_zone(gc: ModuleType) -> None:
     def stamp(s: float) -> str:
         return (T0 + timedelta(seconds=s)).isoformat(timespec="milliseconds")
 
     raw = {
-        "meta": {"date": "2026-12-01T02:44:17+00:00", "gpu_clocks": {"utc_offset": "+0000"}},
+        "meta": {"date": "2026-12-01T03:44:17+01:00", "gc_log": {"utc_offset": "+0100"}},
         "windows": [
-            {"part": "p-arms", "arm": "k3", "tokens_per_s": 9000.0,
-             "started_utc": stamp(7.5), "ended_utc": stamp(10)},
-            {"part": "p-arms", "arm": "k1", "tokens_per_s": 12000.0,
-             "started_utc": stamp(10), "ended_utc": stamp(14)},
+            {"part": "p-arms", "arm": "k3", "started_utc": stamp(7.5), "ended_utc": stamp(10)},
+            {"part": "p-arms", "arm": "k1", "started_utc": stamp(10), "ended_utc": stamp(14)},
         ],
-    }  # fmt: skip
-    (tmp_path / "raw.json").write_text(json.dumps(raw))
-    (tmp_path / "gc_log.txt").write_text(LINES)
-    assert gc.main([str(tmp_path / "raw.json"), str(tmp_path / "gc_log.txt")]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["collections"] == 3
-    assert [w["gc"]["collections"] for w in out["windows"]] == [2, 0]
-    assert out["windows"][0]["arm"] == "k3" and out["windows"][0]["gc"]["longest_ms"] == 312.5
+    }
+    # the log's local stamps an hour ahead of UTC: shifted, they fall where they did above
+    local = LINES.replace(" 02:44:", " 03:44:").replace(" 02:45:", " 03:45:")
+    assert gc.annotate(raw, gc.read_for_run(raw, local)) == {
+        "aligned": "recorded",
+        "collections": 3,
+    }
+    assert [w["gc"]["collections"] for w in raw["windows"]] == [2, 0]
+    assert raw["windows"][0]["gc"]["longest_ms"] == 312.5

@@ -459,6 +459,28 @@ def test_a_run_without_host_or_gpu_log_still_reports_its_stalls_as_unknown(
     assert stalls["pearson_r_of_tokens_per_s_with"]["mean_step_ms"]["r"] == -1.0
 
 
+def test_a_gc_log_adds_the_share_of_each_window_spent_collecting_to_the_stalls(
+    report: ModuleType,
+) -> None:
+    """Windows with vLLM's GC lines joined (gc_log.py): the share they took goes into the
+    stalls' correlations and means; a run without them has no such figure."""
+    raw, part = stall_run(with_host=True)
+    for row in raw["windows"]:  # a collection share that grows as the GPU idles
+        row["gc"] = {
+            "collections": 1,
+            "share": round((100.0 - row["gpu"]["utilization_pct"]) / 100, 4),
+        }
+    stalls = report.report(raw)["loads"][part]["stalls"]
+    assert stalls["pearson_r_of_tokens_per_s_with"]["gc_share"] == {"r": -1.0, "n": 8}
+    assert stalls["pearson_r_within_arms"]["gc_share"]["n"] == 8
+    assert stalls["stalled_vs_other"]["gc_share"] == {"stalled": 0.383, "other": 0.04}
+    assert report.report(raw)["loads"][part]["windows"][1]["gc"]["share"] == 0.4
+    raw, part = stall_run(with_host=True)
+    stalls = report.report(raw)["loads"][part]["stalls"]
+    assert "gc_share" not in stalls["pearson_r_of_tokens_per_s_with"]
+    assert "gc_share" not in stalls["stalled_vs_other"]
+
+
 def test_the_report_reads_the_host_log_beside_the_raw_file_or_the_one_named(
     tmp_path: Path,
 ) -> None:
