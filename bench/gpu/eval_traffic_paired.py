@@ -27,7 +27,7 @@ def by_round(windows: list[Row]) -> list[dict[str, float]]:
     return [rounds[r] for r in sorted(rounds)]
 
 
-def _blocks(windows: list[Row], rounds_per_block: int) -> tuple[list[dict[str, float]], int]:
+def whole_blocks(windows: list[Row], rounds_per_block: int) -> tuple[list[dict[str, float]], int]:
     """Each whole block's tokens/s per arm, in block order, and how many blocks were not
     whole: a block counts only with every arm's ``rounds_per_block`` windows in it (a part
     that failed inside its last block leaves that block unbalanced)."""
@@ -42,16 +42,6 @@ def _blocks(windows: list[Row], rounds_per_block: int) -> tuple[list[dict[str, f
         if set(block) == arms and all(len(mine) == rounds_per_block for mine in block.values())
     ]  # fmt: skip
     return whole, len(held) - len(whole)
-
-
-def by_block(windows: list[Row], rounds_per_block: int) -> list[dict[str, float]]:
-    """Tokens/s of each arm per whole block: Σ tokens / Σ seconds of its windows there."""
-    return _blocks(windows, rounds_per_block)[0]
-
-
-def blocks_left_out(windows: list[Row], rounds_per_block: int) -> int:
-    """How many blocks were not whole (by_block leaves them out)."""
-    return _blocks(windows, rounds_per_block)[1]
 
 
 def median_interval(values: list[float], coverage: float = 0.95) -> Row:

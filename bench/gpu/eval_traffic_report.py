@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import goal  # noqa: E402
-from eval_traffic_paired import blocks_left_out, by_block, by_round, paired  # noqa: E402
+from eval_traffic_paired import by_round, paired, whole_blocks  # noqa: E402
 from gc_log import annotate as annotate_gc  # noqa: E402
 from gc_log import read_for_run  # noqa: E402
 from gpu_clocks import annotate, job_gpus, mean_of, read_clocks  # noqa: E402
@@ -260,7 +260,7 @@ def load_report(raw: Row, part: str) -> Row | None:
     rounds = by_round(windows)
     planned_and_run = {"planned": raw["meta"].get("rounds"), "run": len(rounds)}
     per_block = raw["meta"].get("rounds_per_block", 1)
-    blocks = by_block(windows, per_block) if per_block > 1 else None
+    blocks, left_out = whole_blocks(windows, per_block) if per_block > 1 else (None, 0)
     for name, arm in arms.items():
         arm["loss_vs_best_fixed_k"] = round(1.0 - arm["mean"] / fixed[best]["mean"], 4)
         spread = max(arm["relative_range"] or 0.0, fixed[best]["relative_range"] or 0.0)
@@ -304,7 +304,7 @@ def load_report(raw: Row, part: str) -> Row | None:
     lines = [window_line(w) for w in windows]
     block_count = {} if blocks is None else {"blocks": {
         "rounds_per_block": per_block, "run": len(blocks),
-        "left_out": blocks_left_out(windows, per_block)}}  # fmt: skip
+        "left_out": left_out}}  # fmt: skip
     return {
         "effective_batch": round(effective, 1),
         "rounds": raw.get("rounds", {}).get(part, planned_and_run),

@@ -121,7 +121,7 @@ def test_a_blocks_tokens_per_s_is_its_tokens_over_its_seconds(paired: ModuleType
         arm_window("k3", 1, 9000.0, 1.0), arm_window("daemon", 1, 9900.0, 1.0),
         arm_window("daemon", 1, 8100.0, 1.0), arm_window("k3", 1, 9000.0, 1.0),
     ]  # fmt: skip
-    blocks = paired.by_block(windows, 2)
+    blocks = paired.whole_blocks(windows, 2)[0]
     assert blocks == [{"k3": pytest.approx(58000 / 5), "daemon": pytest.approx(46000 / 4)},
                       {"k3": pytest.approx(9000.0), "daemon": pytest.approx(9000.0)}]  # fmt: skip
     ratios = paired.paired(blocks, "daemon", "k3")
@@ -134,8 +134,7 @@ def test_a_block_missing_a_window_is_left_out(paired: ModuleType) -> None:
     windows = [arm_window("k3", 0, 100.0, 1.0), arm_window("k1", 0, 90.0, 1.0),
                arm_window("k1", 0, 90.0, 1.0), arm_window("k3", 0, 100.0, 1.0),
                arm_window("k3", 1, 50.0, 1.0), arm_window("k1", 1, 90.0, 1.0)]  # fmt: skip
-    assert paired.by_block(windows, 2) == [{"k3": 100.0, "k1": 90.0}]
-    assert paired.blocks_left_out(windows, 2) == 1
+    assert paired.whole_blocks(windows, 2) == ([{"k3": 100.0, "k1": 90.0}], 1)
 
 
 def stalled(windows: list[dict[str, Any]], factor: float, start: int, stop: int) -> list[Any]:
@@ -173,7 +172,10 @@ def test_a_stall_spanning_whole_blocks_leaves_the_block_ratios_unchanged(
     first = data.draw(st.integers(0, count - 1))
     last = data.draw(st.integers(first, count - 1))
     hit = stalled(windows, factor, first * size, (last + 1) * size)
-    before, after = paired.by_block(windows, per_block), paired.by_block(hit, per_block)
+    before, after = (
+        paired.whole_blocks(windows, per_block)[0],
+        paired.whole_blocks(hit, per_block)[0],
+    )
     assert len(after) == len(before) == count
     for was, now in zip(before, after, strict=True):
         for arm in arms[1:]:
@@ -189,7 +191,7 @@ def test_a_blocks_tokens_per_s_is_sum_over_sum_wherever_a_stall_falls(
     windows = rotated(driver, arms, per_block, levels, walls)
     start = data.draw(st.integers(0, len(windows)))
     hit = stalled(windows, factor, start, data.draw(st.integers(start, len(windows))))
-    blocks = paired.by_block(hit, per_block)
+    blocks = paired.whole_blocks(hit, per_block)[0]
     for b, block in enumerate(blocks):
         for arm in arms:
             mine = [w for w in hit if w["block"] == b and w["arm"] == arm]
@@ -204,7 +206,7 @@ def test_with_windows_of_one_length_blocks_never_widen_the_spread_of_the_rounds(
     """A block's ratio is then a weighted mean of its rounds' ratios: within their range."""
     windows = rotated(driver, arms, per_block, levels, [1.0])
     rows = [dict(w, index=i) for i, w in enumerate(windows)]
-    rounds, blocks = paired.by_round(rows), paired.by_block(windows, per_block)
+    rounds, blocks = paired.by_round(rows), paired.whole_blocks(windows, per_block)[0]
     for arm in arms[1:]:
         by_round = paired.paired(rounds, arm, arms[0])["ratios"]
         for b, ratio in enumerate(paired.paired(blocks, arm, arms[0])["ratios"]):
