@@ -45,6 +45,7 @@ import json
 import statistics
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -591,29 +592,26 @@ def main() -> int:
                         help="vLLM's garbage-collection lines (GC_DEBUG=1's gc_log.txt; default: "
                         "the one the job wrote beside RAW, when there)")  # fmt: skip
     args = parser.parse_args()
-    raw = json.loads(Path(args.raw).read_text())
-    clocks_path = Path(args.gpu_clocks) if args.gpu_clocks else beside(
-        Path(args.raw), raw["meta"], "gpu_clocks")  # fmt: skip
-    host_path = Path(args.host_load) if args.host_load else beside(
-        Path(args.raw), raw["meta"], "host_load")  # fmt: skip
-    gc_path = Path(args.gc_log) if args.gc_log else beside(Path(args.raw), raw["meta"], "gc_log")
-    clocks = host = gc = None
-    if clocks_path is not None:
-        index = args.gpu_index or (raw["meta"].get("gpu_clocks") or {}).get("job_gpus")
+    raw_path = Path(args.raw)
+    raw = json.loads(raw_path.read_text())
+    index = args.gpu_index or (raw["meta"].get("gpu_clocks") or {}).get("job_gpus")
+
+    def joined(flag: str, given: str | None, key: str, join: Callable[[Path], Row]) -> Row | None:
+        """The log named by ``flag``, else the one the job wrote beside RAW (meta ``key``),
+        joined to the windows; None when there is none; a bad one is a one-line error."""
+        path = Path(given) if given else beside(raw_path, raw["meta"], key)
+        if path is None:
+            return None
         try:
-            clocks = with_clocks(raw, clocks_path, job_gpus(index))
+            return join(path)
         except (OSError, ValueError) as error:
-            parser.error(f"--gpu-clocks {clocks_path}: {error}")
-    if host_path is not None:
-        try:
-            host = with_host_load(raw, host_path)
-        except (OSError, ValueError) as error:
-            parser.error(f"--host-load {host_path}: {error}")
-    if gc_path is not None:
-        try:
-            gc = with_gc_log(raw, gc_path)
-        except (OSError, ValueError) as error:
-            parser.error(f"--gc-log {gc_path}: {error}")
+            parser.error(f"{flag} {path}: {error}")
+
+    clocks = joined("--gpu-clocks", args.gpu_clocks, "gpu_clocks",
+                    lambda path: with_clocks(raw, path, job_gpus(index)))  # fmt: skip
+    host = joined("--host-load", args.host_load, "host_load",
+                  lambda path: with_host_load(raw, path))  # fmt: skip
+    gc = joined("--gc-log", args.gc_log, "gc_log", lambda path: with_gc_log(raw, path))
     result = report(raw, clocks, host, gc)
     name = f"eval_traffic_{raw['meta']['shape'].replace('-', '_')}_h200.json"
     if args.name:
