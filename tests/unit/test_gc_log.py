@@ -66,18 +66,23 @@ def test_a_window_counts_the_seconds_wholly_inside_it(gc: ModuleType) -> None:
 
 @given(
     seconds=st.lists(st.integers(min_value=0, max_value=60), max_size=40),
-    start=st.floats(min_value=0, max_value=60, allow_nan=False),
-    length=st.floats(min_value=0, max_value=30, allow_nan=False),
+    start_us=st.integers(min_value=0, max_value=60_000_000),
+    length_us=st.integers(min_value=0, max_value=30_000_000),
 )
 def test_no_collection_is_counted_outside_its_window(
-    gc: ModuleType, seconds: list[int], start: float, length: float
+    gc: ModuleType, seconds: list[int], start_us: int, length_us: int
 ) -> None:
+    # windows in whole microseconds, the resolution of the datetimes they are given as
     collections = [
         gc.Collection(T0 + timedelta(seconds=s), "EngineCore pid=1", 1.0, 0) for s in seconds
     ]
-    begin, end = T0 + timedelta(seconds=start), T0 + timedelta(seconds=start + length)
+    begin = T0 + timedelta(microseconds=start_us)
+    end = begin + timedelta(microseconds=length_us)
     counted = gc.window_gc(collections, begin, end)["collections"]
-    wholly_inside = [s for s in seconds if start <= s and s + 1 <= start + length]
+    second = 1_000_000
+    wholly_inside = [
+        s for s in seconds if start_us <= s * second and (s + 1) * second <= start_us + length_us
+    ]
     assert counted == len(wholly_inside)
 
 
