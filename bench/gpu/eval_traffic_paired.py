@@ -61,6 +61,17 @@ def median_interval(values: list[float], coverage: float = 0.95) -> Row:
             "coverage": round(covered(j), 3)}  # fmt: skip
 
 
+def sign_test(units: list[dict[str, float]], best: str, other: str) -> Row:
+    """In how many units (rounds or blocks) ``best`` made more tokens/s than ``other``, and the
+    one-sided sign test's p: the chance of that many or more were the two alike (each unit a
+    fair coin). Unlike the range of the ratios, it asks only which is ahead, so a noise that
+    moves a unit's ratio a lot but not across 1 does not hide a clear order."""
+    pairs = [(u[best], u[other]) for u in units if best in u and other in u]
+    ahead, n = sum(b > o for b, o in pairs), len(pairs)
+    p = sum(math.comb(n, i) for i in range(ahead, n + 1)) / 2.0**n
+    return {"units": n, "best_ahead_in": ahead, "p_one_sided": round(p, 4)}
+
+
 def paired(units: list[dict[str, float]], arm: str, against: str) -> Row:
     """``arm``'s tokens/s over ``against``'s in the same unit (round or block), per unit:
     their median and range. A slow drift of the machine moves both alike and cancels in the

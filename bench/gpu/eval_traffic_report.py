@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from common import goal  # noqa: E402
-from eval_traffic_paired import by_round, paired, whole_blocks  # noqa: E402
+from eval_traffic_paired import by_round, paired, sign_test, whole_blocks  # noqa: E402
 from gc_log import annotate as annotate_gc  # noqa: E402
 from gc_log import read_for_run  # noqa: E402
 from gpu_clocks import annotate, job_gpus, mean_of, read_clocks  # noqa: E402
@@ -69,6 +69,7 @@ FIXED = ("k0", "k1", "k2", "k3")
 SINGLE_K = 0.99  # an arm whose steps ran at one k this often is that fixed-k configuration
 NIGHTJAR = "nightjar"  # the arm of the Nightjar-style bandit run in the engine
 NIGHTJAR_FACTOR = 3.0  # issue 16: its worst-load loss at least this many times the daemon's
+ALPHA = 0.05  # a fixed k is beaten by the best when the sign test's p is at most this
 STALL_GPU_PCT = 80  # a window whose GPU was busy less than this waited on the host
 MIN_PAIRS = 3  # a correlation needs at least this many windows
 HOST_FIGURES = (
@@ -124,6 +125,50 @@ def paired_loss(units: list[dict[str, float]], name: str, best: str) -> tuple[Ro
     loss = None if pair["median_ratio"] is None else round(1.0 - pair["median_ratio"], 4)
     result = name != best and loss is not None and abs(loss) > pair["spread_of_ratios"]
     return {"loss_vs_best_fixed_k": loss, **pair}, result
+
+
+def best_identified(units: list[dict[str, float]], fixed: list[str], best: str, unit: str) -> Row:
+    """Whether the best fixed k (by mean) led every other fixed k run, unit by unit, beyond
+    chance (one-sided sign test at ALPHA): the order the k-mix judgement leans on."""
+    against = {arm: sign_test(units, best, arm) for arm in fixed if arm != best}
+    identified = bool(against) and all(t["p_one_sided"] <= ALPHA for t in against.values())
+    return {"unit": unit, "alpha": ALPHA, "fixed_arms_run": fixed, "against": against,
+            "identified": identified}  # fmt: skip
+
+
+def by_k_mix(mix: dict[int, float], best: str, units: list[dict[str, float]], key: str,
+             arms: dict[str, Row]) -> Row:  # fmt: skip
+    """The daemon's loss read from the k its steps ran (the engine does the same work for a
+    step of one k whichever table chose it): ``loss_from_k_mix``, each other k's share of
+    steps times that fixed k's measured loss (``key``: its paired figures over the units), or
+    all of it where that k was not run; and bounds on the loss of the daemon's own k (the one
+    it ran most) that do not lean on which fixed k is best: against every other fixed k run,
+    1 - the interval of the median of its fixed arm's tokens/s over that k's, unit by unit
+    (order statistics, as for every paired figure), its steps at other k counted as lost
+    whole in the upper bound."""
+    best_k = int(best.removeprefix("k"))
+    loss = 0.0
+    for k, share in mix.items():
+        if k == best_k:
+            continue
+        ratio = arms[f"k{k}"][key]["median_ratio"] if f"k{k}" in arms else None
+        loss += share * (1.0 if ratio is None else min(1.0, max(0.0, 1.0 - ratio)))
+    own = max(mix, key=lambda k: mix[k]) if mix else None
+    bounds: dict[str, float | None] = {"loss_upper_bound": None, "loss_lower_bound": None,
+                                       "coverage": None}  # fmt: skip
+    if own is not None and f"k{own}" in arms:
+        intervals = [paired(units, f"k{own}", arm)["median_ratio_interval"]
+                     for arm in arms if arm in FIXED and arm != f"k{own}"]  # fmt: skip
+        known = [i for i in intervals if i is not None]
+        bounds = {
+            "loss_upper_bound": round(max([0.0, *(1.0 - i["low"] for i in known)])
+                                      + 1.0 - mix[own], 4),
+            "loss_lower_bound": round(max([0.0, *(1.0 - i["high"] for i in known)]), 4),
+            "coverage": min((i["coverage"] for i in known), default=None),
+        }  # fmt: skip
+    return {"share_at_best_k": mix.get(best_k, 0.0), "loss_from_k_mix": round(loss, 4),
+            "own_k": own, "share_at_own_k": None if own is None else mix[own],
+            **bounds}  # fmt: skip
 
 
 def window_engine(w: Row) -> Row:
@@ -303,6 +348,10 @@ def load_report(raw: Row, part: str) -> Row | None:
     rates = tuple(raw["meta"]["synthetic_rates"])
     decisions = replay(raw, rates=rates, load=round(effective), part=f"{part}-daemon")
     lines = [window_line(w) for w in windows]
+    unit, units, key = ("block", blocks, "blocks") if blocks is not None else (
+        "round", rounds, "paired")  # fmt: skip
+    by_mix = {} if "daemon" not in arms else {
+        "daemon_by_k_mix": by_k_mix(mix["daemon"], best, units, key, arms)}  # fmt: skip
     block_count = {} if blocks is None else {"blocks": {
         "rounds_per_block": per_block, "run": len(blocks),
         "left_out": left_out}}  # fmt: skip
@@ -311,7 +360,9 @@ def load_report(raw: Row, part: str) -> Row | None:
         "rounds": raw.get("rounds", {}).get(part, planned_and_run),
         **block_count,
         "best_fixed_k": best,
+        "best_fixed_k_sign_test": best_identified(units, list(fixed), best, unit),
         "k_mix": mix,
+        **by_mix,
         "arms_running_one_and_the_same_k": alike,
         "arms": arms,
         "daemon_table": raw.get("daemon_tables", {}).get(part),
@@ -416,8 +467,9 @@ def daemon_goal(shape: str, reports: list[Row], rounds_per_block: int = 1) -> Ro
             "that too (largest_same_k_paired_difference, the null)",
         ),
     }  # fmt: skip
+    by_mix = k_mix_goal(reports, bound)
     if rounds_per_block <= 1:
-        return windows
+        return {**windows, "by_k_mix": by_mix}
     return {
         **paired_goal(
             reports, bound, "blocks", "blocks_against_the_first",
@@ -429,8 +481,34 @@ def daemon_goal(shape: str, reports: list[Row], rounds_per_block: int = 1) -> Ro
         ),
         "unit": "block",
         "rounds_per_block": rounds_per_block,
+        "by_k_mix": by_mix,
         "windows_and_rounds": windows,
     }  # fmt: skip
+
+
+def k_mix_goal(reports: list[Row], bound: float) -> Row:
+    """The daemon's worst loss over the loads read from its k mix (``daemon_by_k_mix``), and
+    the worst of its bounds: judgeable when the upper bound is within the goal (passed however
+    the windows of one and the same k scatter) or the lower bound beyond it (missed)."""
+    mixes = [r["daemon_by_k_mix"] for r in reports if "daemon_by_k_mix" in r]
+    worst = max((m["loss_from_k_mix"] for m in mixes), default=None)
+    uppers = [m["loss_upper_bound"] for m in mixes]
+    upper = None if not mixes or None in uppers else max(uppers)
+    lower = max((m["loss_lower_bound"] or 0.0 for m in mixes), default=None)
+    return {
+        **goal(worst, f"<= {bound:.1%}", upper is not None and upper <= bound),
+        "loss_upper_bound": upper,
+        "loss_lower_bound": lower,
+        "judgeable": (upper is not None and upper <= bound)
+        or (lower is not None and lower > bound),
+        "note": "per load, the share of the daemon's steps at another k than the best fixed k's "
+        "times that k's measured loss; passed when the upper bound (against every other fixed "
+        "k run, 1 - the low end of the interval of the median of the paired ratios of the "
+        "fixed arm of the daemon's own k over it, plus the daemon's steps at other k counted "
+        "as lost whole) is "
+        "within the goal at every load; the fixed k compared are those run "
+        "(best_fixed_k_sign_test.fixed_arms_run)",
+    }
 
 
 def paired_goal(reports: list[Row], bound: float, key: str, null_key: str, note: str) -> Row:

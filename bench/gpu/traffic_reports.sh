@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Regenerates every committed users'-traffic report (bench/results/eval_traffic_*_h200.json and
+# PNG) from the raw runs and logs kept under bench/results/gpu_raw/, with this checkout's
+# eval_traffic_report.py: after a change to the report, run this and commit what moved.
+#     bash bench/gpu/traffic_reports.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-.venv/bin/python}
+RAW=bench/results/gpu_raw
+
+report() {  # NAME RAW-STAMP [flags...]: eval_traffic_NAME_h200.json from the raw run
+  local name=$1 raw=$2
+  shift 2
+  "$PY" bench/gpu/eval_traffic_report.py "$RAW/$raw" --name "$name" "$@" >/dev/null
+  echo "bench/results/eval_traffic_${name}_h200.json"
+}
+
+logs() {  # STAMP: the GPU, host and GC logs a launch kept beside its raw run
+  echo --gpu-clocks "$RAW/gpu_clocks_h200_$1.csv" --gpu-index 0 \
+    --host-load "$RAW/host_load_h200_$1.csv" --gc-log "$RAW/gc_log_h200_$1.txt"
+}
+
+report chat_like eval_traffic_chat_like_h200_20261130T1852Z.json
+report chat_like_b192 eval_traffic_chat_like_b192_h200_20261130T1932Z.json
+report chat_like_b192_12s eval_traffic_chat_like_b192_12s_h200_20261130T2359Z.json \
+  --gpu-clocks "$RAW/gpu_clocks_h200x2_20261130T2359Z.csv" --gpu-index 1
+report chat_like_b192_4s eval_traffic_chat_like_b192_4s_h200_20261201T0244Z.json \
+  --gpu-clocks "$RAW/gpu_clocks_h200_20261201T0244Z.csv" --gpu-index 0
+# shellcheck disable=SC2046  # logs prints flags, split on purpose
+report chat_like_b192_blocks eval_traffic_chat_like_b192_blocks_h200_20261201T0514Z.json \
+  $(logs 20261201T0514Z)
+# shellcheck disable=SC2046
+report decode_heavy_b192_blocks eval_traffic_decode_heavy_b192_blocks_h200_20261201T0523Z.json \
+  $(logs 20261201T0523Z)
+# shellcheck disable=SC2046
+report moe_chat_like_b192_blocks eval_traffic_moe_chat_like_b192_blocks_h200_20261201T0531Z.json \
+  $(logs 20261201T0531Z)
