@@ -620,6 +620,9 @@ def report(
 
 
 def plot(result: Row, path: Path) -> None:
+    """Per load each arm's mean tokens/s (bars: min..max of its windows); in a run of blocks a
+    second panel: each arm's block ratios to the best fixed k (dots) and the interval of their
+    median (line), the figure its loss is judged on."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -629,7 +632,10 @@ def plot(result: Row, path: Path) -> None:
     if not loads:
         return
     arms = list(next(iter(loads.values()))["arms"])
-    fig, ax = plt.subplots(figsize=(9, 4))
+    blocks = {name: r for name, r in loads.items() if "blocks" in r}
+    fig, axes = plt.subplots(1, 2 if blocks else 1, figsize=(13 if blocks else 9, 4),
+                             squeeze=False)  # fmt: skip
+    ax = axes[0][0]
     width = 0.8 / len(arms)
     for i, arm in enumerate(arms):
         xs = [j + i * width for j in range(len(loads))]
@@ -643,12 +649,37 @@ def plot(result: Row, path: Path) -> None:
     ax.set_xticklabels([f"{n} (B~{r['effective_batch']:.0f})" for n, r in loads.items()])
     ax.set_ylabel("tokens/s (bars: min..max of repeated windows)")
     meta = result["meta"]
-    ax.set_title(f"{meta['shape']} traffic, {meta.get('device', '?')}, vLLM "
-                 f"{meta.get('engine_version', '?')}, {meta['date'][:10]}", fontsize=9)  # fmt: skip
+    ax.set_title(f"{meta.get('target', 'qwen3-4b')}, {meta['shape']} traffic, "
+                 f"{meta.get('device', '?')}, vLLM {meta.get('engine_version', '?')}, "
+                 f"{meta['date'][:10]}", fontsize=9)  # fmt: skip
     ax.legend(fontsize=7, ncol=4)
+    if blocks:
+        plot_blocks(axes[0][1], blocks, arms)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_blocks(ax: Any, loads: dict[str, Row], arms: list[str]) -> None:
+    """Each arm's block ratios to its load's best fixed k, and the interval of their median."""
+    for j, (name, r) in enumerate(loads.items()):
+        for i, arm in enumerate(arms):
+            mine = r["arms"].get(arm, {}).get("blocks")
+            if not mine or not mine["ratios"]:
+                continue
+            x = j * (len(arms) + 1) + i
+            ax.plot([x] * len(mine["ratios"]), mine["ratios"], "o", ms=3, alpha=0.6,
+                    color=f"C{i}", label=arm if j == 0 else None)  # fmt: skip
+            interval = mine["median_ratio_interval"]
+            ax.plot([x, x], [interval["low"], interval["high"]], "-", lw=4, alpha=0.4,
+                    color=f"C{i}")  # fmt: skip
+        ax.text(j * (len(arms) + 1), ax.get_ylim()[0], f" {name}", fontsize=7, va="bottom")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks([])
+    ax.set_ylabel("tokens/s over the best fixed k's, per block\n(line: interval of the median)")
+    ax.set_title(f"blocks of {next(iter(loads.values()))['blocks']['rounds_per_block']} "
+                 "rounds: every arm in the same seconds", fontsize=9)  # fmt: skip
+    ax.legend(fontsize=7, ncol=4)
 
 
 def main() -> int:
