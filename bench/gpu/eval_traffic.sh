@@ -13,27 +13,24 @@
 #     DRIVER_ARGS="--loads 192 --shape-change decode-heavy:chat-like:192" bash ...  # + a change
 #     DRIVER_ARGS="--arms k0,k1,k2,k3,documented,measured,daemon,nightjar" bash ...  # + the bandit
 #
-# Recipe for one load in a 10-minute launch, interleaved blocks (a "switchback" design; NOT YET
-# RUN ON A GPU): every arm in the same seconds. Visits of 1 s (a 0.25 s settle after the table,
-# the plugin syncing every 0.05 s so that settle is allowed: one utility call into the engine
-# core per ~step, as the profiler runs it, every arm alike) rotated through the arms, 4 rounds
-# pooled per block: per block each arm's tokens over its seconds, over the best fixed k's. The
-# engine's host-side stalls (5-15 s, the GPU idle, every arm running then slowed alike) cancel
-# in a block's ratios as far as they hit its arms equally often: all but two visits at most,
-# so at most 2/N of a stall's depth is left (N rounds a block). Round windows of 4 s did not
-# cancel them (paired ratios spanning 60 %; 12 s windows: 13 %).
-#     BUDGET_S=535 TABLETUNE_SYNC_INTERVAL_S=0.05 DRIVER_ARGS="--loads chat-like:192 \
-#       --arms k1,k2,k3,daemon --window-s 1 --settle-s 0.25 --rounds 60 --rounds-per-block 4" \
-#       bash bench/gpu/eval_traffic.sh           # 15 blocks after an 80 s start, 12 after 130 s
+# Recipe for one load in a 10-minute launch, interleaved blocks (a "switchback" design; run
+# 2026-12-01, three launches: 5-10 blocks fit, docs/results.md "Users' traffic"): every arm in
+# the same seconds. Visits of 1 s (a 0.25 s settle after the table, the plugin syncing every
+# 0.05 s so that settle is allowed: one utility call into the engine core per ~step, as the
+# profiler runs it, every arm alike) rotated through the arms, 8 rounds pooled per block: per
+# block each arm's tokens over its seconds, over the best fixed k's. A stall of the engine hits
+# every arm of a block alike but for two visits at most (at most 2/N of its depth is left, N
+# rounds a block).
+#     BUDGET_S=535 TABLETUNE_SYNC_INTERVAL_S=0.05 GC_DEBUG=1 DRIVER_ARGS="--loads chat-like:192 \
+#       --arms k1,k2,k3,daemon --window-s 1 --settle-s 0.25 --rounds 64 --rounds-per-block 8" \
+#       bash bench/gpu/eval_traffic.sh           # 40-56 rounds ran (5-7 blocks of 8)
 # The numbers, from the driver's own estimate (load_needs_s): the load needs 64 s (warm-up 6,
 # the daemon's 36 one-second windows 45, its stop 3, the drain 10) + 6 s a round (4 arms x
-# (1 + 0.25 + 0.25 per window: scrapes, view, PUT; 0.19 s measured on average at 4 s windows,
-# the same scrapes at 1 s)); what is left for it is BUDGET_S - 25 - ~5 (set-up) - the engine's
-# start: 425 s after 80 s (60 rounds fit), 375 s after 130 s (51 fit: 48, whole blocks). Read
-# with it: the counter moves in whole steps (~25 a second at B=192, 40 ms), so a 1 s window is
-# +-1 step (sd ~1.6 %) and a block ratio's sd from that alone ~1.2 %: over 12-15 blocks their
-# range (what ``judgeable`` asks to be under 3 %) is ~4 % with no stall at all, while the
-# median and its interval narrow with blocks. --rounds is a ceiling: the driver runs as many
+# (1 + 0.25 + 0.25 per window: scrapes, view, PUT)); what is left for it is BUDGET_S - 25 - ~5
+# (set-up) - the engine's start. What the launches showed: block ratios of arms running one
+# and the same k still ranged 11-28 % (the steps' host time varies second by second with what
+# they carry), so the report also judges the daemon by the k its steps ran (by_k_mix).
+# --rounds is a ceiling: the driver runs as many
 # whole blocks (whole pairs of rounds without blocks) as fit what is left (rounds planned vs
 # run in the JSON) and skips the load only when not one fits; --rounds-per-block must be even
 # (an order and its reverse) and --rounds a multiple of it.

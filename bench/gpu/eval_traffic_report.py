@@ -16,6 +16,12 @@ In a run of interleaved blocks (meta ``rounds_per_block`` > 1) the same per bloc
 tokens/s in a block is its windows' tokens over their seconds (eval_traffic_paired.py); the
 daemon's goal is then judged on blocks and says so (``unit``).
 
+By the k the daemon's steps ran (``by_k_mix``): a step of one k costs the engine the same
+whichever table chose it, so the daemon's loss is its steps at other k than the best fixed k's
+times those k's measured losses, and is bounded, whichever fixed k is best, by the interval of
+the median of its own k's fixed arm over every other fixed k (per block, else per round); a
+one-sided sign test per pair says whether the best fixed k led each other beyond chance.
+
 With the GPUs' once-a-second log (--gpu-clocks, or the job's gpu_clocks.csv beside RAW), every
 window in ``windows`` gets the mean SM clock, utilization and power and the throttle reasons seen
 inside it (gpu_clocks.py; windows of runs that did not record their times are aligned by the
