@@ -142,23 +142,37 @@ def best_identified(units: list[dict[str, float]], fixed: list[str], best: str, 
             "identified": identified}  # fmt: skip
 
 
-def by_k_mix(mix: dict[int, float], best: str, units: list[dict[str, float]], key: str,
-             arms: dict[str, Row]) -> Row:  # fmt: skip
-    """The daemon's loss read from the k its steps ran (the engine does the same work for a
-    step of one k whichever table chose it): ``loss_from_k_mix``, each other k's share of
-    steps times that fixed k's measured loss (``key``: its paired figures over the units), or
-    all of it where that k was not run; and bounds on the loss of the daemon's own k (the one
-    it ran most) that do not lean on which fixed k is best: against every other fixed k run,
-    1 - the interval of the median of its fixed arm's tokens/s over that k's, unit by unit
-    (order statistics, as for every paired figure), its steps at other k counted as lost
-    whole in the upper bound."""
+def k_mix_cost(mix: dict[int, float], best: str, arms: dict[str, Row], key: str) -> Row:
+    """What an arm's steps at other k than the best fixed k's cost, read from its k mix (the
+    engine does the same work for a step of one k whichever table or policy chose it): each
+    such k's share of steps times that fixed k's measured loss (``key``: its paired figures
+    over rounds or blocks). Steps at a k whose fixed arm was not run are not priced: their
+    share is given apart, to be counted on the cautious side of each goal."""
     best_k = int(best.removeprefix("k"))
-    loss = 0.0
+    cost = low = high = not_run = 0.0
     for k, share in mix.items():
         if k == best_k:
             continue
-        ratio = arms[f"k{k}"][key]["median_ratio"] if f"k{k}" in arms else None
-        loss += share * (1.0 if ratio is None else min(1.0, max(0.0, 1.0 - ratio)))
+        if f"k{k}" not in arms:
+            not_run += share
+            continue
+        figures = arms[f"k{k}"][key]
+        interval = figures["median_ratio_interval"]
+        cost += share * min(1.0, max(0.0, 1.0 - figures["median_ratio"]))
+        low += share * min(1.0, max(0.0, 1.0 - interval["high"]))
+        high += share * min(1.0, max(0.0, 1.0 - interval["low"]))
+    return {"priced": cost, "priced_at_least": low, "priced_at_most": high,
+            "share_at_k_not_run": round(not_run, 4)}  # fmt: skip
+
+
+def by_k_mix(mix: dict[int, float], best: str, units: list[dict[str, float]], key: str,
+             arms: dict[str, Row]) -> Row:  # fmt: skip
+    """The daemon's loss read from the k its steps ran (``k_mix_cost``, its steps at a k not
+    run counted as lost whole), and bounds on the loss of its own k (the one it ran most) that
+    do not lean on which fixed k is best: against every other fixed k run, 1 - the interval of
+    the median of its fixed arm's tokens/s over that k's, unit by unit (order statistics, as
+    for every paired figure), its steps at other k counted as lost whole in the upper bound."""
+    cost = k_mix_cost(mix, best, arms, key)
     own = max(mix, key=lambda k: mix[k]) if mix else None
     bounds: dict[str, float | None] = {"loss_upper_bound": None, "loss_lower_bound": None,
                                        "coverage": None}  # fmt: skip
@@ -172,7 +186,10 @@ def by_k_mix(mix: dict[int, float], best: str, units: list[dict[str, float]], ke
             "loss_lower_bound": round(max([0.0, *(1.0 - i["high"] for i in known)]), 4),
             "coverage": min((i["coverage"] for i in known), default=None),
         }  # fmt: skip
-    return {"share_at_best_k": mix.get(best_k, 0.0), "loss_from_k_mix": round(loss, 4),
+    best_k = int(best.removeprefix("k"))
+    return {"share_at_best_k": mix.get(best_k, 0.0),
+            "loss_from_k_mix": round(cost["priced"] + cost["share_at_k_not_run"], 4),
+            "share_at_k_not_run": cost["share_at_k_not_run"],
             "own_k": own, "share_at_own_k": None if own is None else mix[own],
             **bounds}  # fmt: skip
 
@@ -358,6 +375,14 @@ def load_report(raw: Row, part: str) -> Row | None:
         "round", rounds, "paired")  # fmt: skip
     by_mix = {} if "daemon" not in arms else {
         "daemon_by_k_mix": by_k_mix(mix["daemon"], best, units, key, arms)}  # fmt: skip
+    if NIGHTJAR in arms:  # its steps at a k not run priced at nothing: the cautious side here
+        cost = k_mix_cost(mix[NIGHTJAR], best, arms, key)
+        by_mix["nightjar_by_k_mix"] = {
+            "loss_from_k_mix": round(cost["priced"], 4),
+            "loss_lower_bound": round(cost["priced_at_least"], 4),
+            "loss_upper_bound": round(cost["priced_at_most"] + cost["share_at_k_not_run"], 4),
+            "share_at_k_not_run": cost["share_at_k_not_run"],
+        }
     block_count = {} if blocks is None else {"blocks": {
         "rounds_per_block": per_block, "run": len(blocks),
         "left_out": left_out}}  # fmt: skip
@@ -560,6 +585,38 @@ def nightjar_goal(reports: list[Row]) -> Row:
         **goal(measured, target, theirs >= NIGHTJAR_FACTOR * max(ours, 0.0) and theirs > 0),
         "largest_same_arm_spread": spread,
         "judgeable": theirs - ours > spread,
+        "by_k_mix": nightjar_k_mix_goal(reports, target),
+    }
+
+
+def nightjar_k_mix_goal(reports: list[Row], target: str) -> Row | None:
+    """The same comparison read from the two arms' k mixes (``nightjar_by_k_mix``,
+    ``daemon_by_k_mix``): judgeable when the bandit's lower bound is at least 3x the daemon's
+    upper bound (or the bandit's upper bound below 3x the daemon's lower bound: missed beyond
+    doubt)."""
+    both = [r for r in reports if "nightjar_by_k_mix" in r and "daemon_by_k_mix" in r]
+    if not both:
+        return None
+    theirs = max(r["nightjar_by_k_mix"]["loss_from_k_mix"] for r in both)
+    theirs_low = max(r["nightjar_by_k_mix"]["loss_lower_bound"] for r in both)
+    theirs_up = max(r["nightjar_by_k_mix"]["loss_upper_bound"] for r in both)
+    ours = max(r["daemon_by_k_mix"]["loss_from_k_mix"] for r in both)
+    uppers = [r["daemon_by_k_mix"]["loss_upper_bound"] for r in both]
+    ours_up = None if None in uppers else max(uppers)
+    ours_low = max(r["daemon_by_k_mix"]["loss_lower_bound"] or 0.0 for r in both)
+    measured = {
+        "nightjar_worst_load_loss": theirs,
+        "daemon_worst_load_loss": ours,
+        "ratio": round(theirs / ours, 2) if ours > 0 else None,
+    }
+    passed = ours_up is not None and theirs_low > 0 and theirs_low >= NIGHTJAR_FACTOR * ours_up
+    return {
+        **goal(measured, target, theirs > 0 and theirs >= NIGHTJAR_FACTOR * ours),
+        "nightjar_loss_lower_bound": theirs_low,
+        "daemon_loss_upper_bound": ours_up,
+        "judgeable": passed or theirs_up < NIGHTJAR_FACTOR * ours_low,
+        "note": "the bandit's steps at a k whose fixed arm was not run priced at nothing "
+        "(nightjar_by_k_mix.share_at_k_not_run), the daemon's at all they could lose",
     }
 
 

@@ -235,12 +235,14 @@ def test_the_median_interval_holds_the_median_and_covers_at_least_95_when_it_can
 
 
 def block_run(
-    driver: ModuleType, per_block: int, stall_blocks: set[int]
-) -> tuple[dict[str, Any], str]:
+    driver: ModuleType, per_block: int, stall_blocks: set[int],
+    extra: dict[str, tuple[float, int]] | None = None,
+) -> tuple[dict[str, Any], str]:  # fmt: skip
     """Chat-like B=192, 6 blocks: the daemon 2 % below k3 and running k=3 like it; k1 at 75 %
-    of k3; every window of a stalled block at half speed (all arms alike)."""
+    of k3; every window of a stalled block at half speed (all arms alike); ``extra`` arms
+    (tokens/s, k) in the rotation too."""
     part = "chat-like-B192"
-    level = {"k1": (9000.0, 1), "k3": (12000.0, 3), "daemon": (11760.0, 3)}
+    level = {"k1": (9000.0, 1), "k3": (12000.0, 3), "daemon": (11760.0, 3), **(extra or {})}
     rows = []
     for v in driver.visits(list(level), 6 * per_block, per_block):
         tps, k = level[v["arm"]]
@@ -349,7 +351,8 @@ def test_a_best_fixed_k_ahead_in_every_block_is_identified_and_the_daemon_runnin
     assert (sign["unit"], sign["fixed_arms_run"], sign["identified"]) == (
         "block", ["k1", "k3"], True)  # fmt: skip
     assert load["daemon_by_k_mix"] == {
-        "share_at_best_k": 1.0, "loss_from_k_mix": 0.0, "own_k": 3, "share_at_own_k": 1.0,
+        "share_at_best_k": 1.0, "loss_from_k_mix": 0.0, "share_at_k_not_run": 0.0,
+        "own_k": 3, "share_at_own_k": 1.0,
         "loss_upper_bound": 0.0, "loss_lower_bound": 0.0, "coverage": 0.969}  # fmt: skip
     by_mix = result["goals"]["daemon_worst_load_loss_chat_like"]["by_k_mix"]
     assert by_mix["measured"] == 0.0 and by_mix["pass"] is True and by_mix["judgeable"] is True
@@ -409,3 +412,36 @@ def test_a_daemon_on_a_clearly_worse_k_misses_judged_by_its_k_mix(
     assert mix["loss_lower_bound"] == 0.25
     by_mix = result["goals"]["daemon_worst_load_loss_chat_like"]["by_k_mix"]
     assert by_mix["judgeable"] is True and by_mix["pass"] is False
+
+
+@pytest.mark.parametrize(
+    ("steps", "loss", "low", "up", "passed", "judgeable"),
+    [
+        ({3: 60.0, 1: 40.0}, 0.1, 0.1, 0.1, True, True),  # 40 % of steps at k1, 25 % below k3
+        ({3: 90.0, 0: 10.0}, 0.0, 0.0, 0.1, False, False),  # k0 not run: priced at nothing
+    ],
+)
+def test_the_nightjar_arm_is_judged_by_its_k_mix_against_the_daemons_upper_bound(
+    driver: ModuleType, report: ModuleType, steps: dict[int, float], loss: float, low: float,
+    up: float, passed: bool, judgeable: bool,
+) -> None:  # fmt: skip
+    raw, part = block_run(driver, per_block=2, stall_blocks={3}, extra={"nightjar": (10800.0, 3)})
+    raw["windows"] = [with_k_mix(row, steps) if row["arm"] == "nightjar" else row
+                      for row in raw["windows"]]  # fmt: skip
+    result = report.report(raw)
+    mine = result["loads"][part]["nightjar_by_k_mix"]
+    assert (mine["loss_from_k_mix"], mine["loss_lower_bound"], mine["loss_upper_bound"]) == (
+        loss, low, up)  # fmt: skip
+    by_mix = result["goals"]["nightjar_style_loss_3x_daemon"]["by_k_mix"]
+    assert by_mix["measured"]["nightjar_worst_load_loss"] == loss
+    assert by_mix["daemon_loss_upper_bound"] == 0.0  # the daemon ran k3, ahead in every block
+    assert by_mix["pass"] is passed and by_mix["judgeable"] is judgeable
+
+
+def test_without_a_nightjar_arm_in_blocks_its_k_mix_goal_is_absent(
+    driver: ModuleType, report: ModuleType
+) -> None:
+    raw, part = block_run(driver, per_block=2, stall_blocks=set())
+    result = report.report(raw)
+    assert "nightjar_by_k_mix" not in result["loads"][part]
+    assert result["goals"]["nightjar_style_loss_3x_daemon"]["pass"] is None
