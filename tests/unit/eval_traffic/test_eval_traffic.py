@@ -279,6 +279,44 @@ def test_the_shape_change_report_times_the_new_table_and_the_gap(report: ModuleT
     assert result["goals"]["shape_change"]["pass"] is True
 
 
+def test_the_shape_change_gap_is_also_read_from_the_k_the_daemons_steps_ran(
+    report: ModuleType,
+) -> None:
+    """Single windows scatter; the k mix does not: k1 is 20 % below k3 on the new traffic, the
+    daemon's window 30 s after the change runs k3 on 90 % of its steps: 90 % of the gap."""
+    part = "change-decode-heavy-chat-like-B192"
+    old, new = [[1, 256, 1]], [[1, 256, 3]]
+
+    def live(since: float, tps: float, table: list[list[int]], mix: dict[int, float]) -> Any:
+        row = window(f"{part}-daemon", "live", tps, 1)
+        cells = {(k, 185, 192): CellTotals(n, 0.03 * n, 0.001 * n, n * 190 * (k + 1), n * 190)
+                 for k, n in mix.items()}  # fmt: skip
+        return {**row, "cells": cells_to_wire(cells, 0.0), "since_daemon_start_s": since,
+                "view": {"table": table}}  # fmt: skip
+
+    rows = [
+        live(46.0, 8000.0, old, {1: 100.0}),
+        live(66.0, 7000.0, new, {3: 90.0, 1: 10.0}),  # a slow window, yet the right k
+        live(96.0, 12000.0, new, {3: 100.0}),
+        live(126.0, 7000.0, new, {3: 100.0}),
+        window(f"{part}-arms", "k1", 8000.0, 1),
+        window(f"{part}-arms", "k3", 10000.0, 3),
+        window(f"{part}-arms", "before", 8000.0, 1),
+        window(f"{part}-arms", "after", 10000.0, 3),
+    ]
+    raw = raw_run(rows, [])
+    raw["shape_change"] = {"part": part, "at_s": 36.0, "table_at_change": old}
+    result = report.report(raw)
+    change = result["shape_change"]
+    assert change["loss_from_k_mix_of_the_table_at_the_change"] == 0.2
+    assert [w["loss_from_k_mix"] for w in change["windows_after_the_change"]] == [
+        0.2, 0.02, 0.0, 0.0]  # fmt: skip
+    assert change["share_of_gap_recovered_by_k_mix"] == {"30s": 0.9, "60s": 1.0, "90s": 1.0}
+    assert change["share_of_gap_recovered"]["90s"] == -0.5  # the last window alone: slow
+    goal = result["goals"]["shape_change"]
+    assert goal["pass"] is False and goal["by_k_mix"]["pass"] is True
+
+
 def test_a_bad_measured_table_file_is_a_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "t.json"
     bad.write_text('{"x": 1}')
