@@ -109,14 +109,16 @@ def arm_summary(windows: list[Row]) -> Row:
     }
 
 
-def k_mix(windows: list[Row]) -> dict[int, float]:
+def k_mix(windows: list[Row], field: str = "steps") -> dict[int, float]:
     """Share of an arm's decoding steps at each k (the plugin's step cells): under traffic
-    with prefill the decode batch moves, so a table may run several k at one load."""
-    steps: dict[int, float] = {}
+    with prefill the decode batch moves, so a table may run several k at one load. With
+    ``field="seconds"``, the share of its decoding time: what prices a mix exactly, since an
+    arm's tokens/s is its k's tokens/s weighted by the time spent at each."""
+    spent: dict[int, float] = {}
     for (k, _, _), totals in pooled(windows).items():
-        steps[k] = steps.get(k, 0.0) + totals.steps
-    total = sum(steps.values())
-    return {k: round(n / total, 4) for k, n in sorted(steps.items())} if total else {}
+        spent[k] = spent.get(k, 0.0) + getattr(totals, field)
+    total = sum(spent.values())
+    return {k: round(n / total, 4) for k, n in sorted(spent.items())} if total else {}
 
 
 def relative_range(values: list[float]) -> float:
@@ -145,7 +147,8 @@ def best_identified(units: list[dict[str, float]], fixed: list[str], best: str, 
 def k_mix_cost(mix: dict[int, float], best: str, arms: dict[str, Row], key: str) -> Row:
     """What an arm's steps at other k than the best fixed k's cost, read from its k mix (the
     engine does the same work for a step of one k whichever table or policy chose it): each
-    such k's share of steps times that fixed k's measured loss (``key``: its paired figures
+    such k's share of the arm's decoding time (``k_time_mix``) times that fixed k's measured
+    loss (``key``: its paired figures
     over rounds or blocks). Steps at a k whose fixed arm was not run are not priced: their
     share is given apart, to be counted on the cautious side of each goal."""
     best_k = int(best.removeprefix("k"))
@@ -352,6 +355,7 @@ def load_report(raw: Row, part: str) -> Row | None:
     ]
     effective = statistics.fmean(a["mean_running"] for a in arms.values() if a["mean_running"])
     mix = {arm: k_mix([w for w in windows if w["arm"] == arm]) for arm in arms}
+    time_mix = {arm: k_mix([w for w in windows if w["arm"] == arm], "seconds") for arm in arms}
     single: dict[int, list[str]] = {}
     for arm, shares in mix.items():
         if shares and max(shares.values()) >= SINGLE_K:
@@ -374,9 +378,9 @@ def load_report(raw: Row, part: str) -> Row | None:
     unit, units, key = ("block", blocks, "blocks") if blocks is not None else (
         "round", rounds, "paired")  # fmt: skip
     by_mix = {} if "daemon" not in arms else {
-        "daemon_by_k_mix": by_k_mix(mix["daemon"], best, units, key, arms)}  # fmt: skip
+        "daemon_by_k_mix": by_k_mix(time_mix["daemon"], best, units, key, arms)}  # fmt: skip
     if NIGHTJAR in arms:  # its steps at a k not run priced at nothing: the cautious side here
-        cost = k_mix_cost(mix[NIGHTJAR], best, arms, key)
+        cost = k_mix_cost(time_mix[NIGHTJAR], best, arms, key)
         by_mix["nightjar_by_k_mix"] = {
             "loss_from_k_mix": round(cost["priced"], 4),
             "loss_lower_bound": round(cost["priced_at_least"], 4),
@@ -393,6 +397,7 @@ def load_report(raw: Row, part: str) -> Row | None:
         "best_fixed_k": best,
         "best_fixed_k_sign_test": best_identified(units, list(fixed), best, unit),
         "k_mix": mix,
+        "k_time_mix": time_mix,
         **by_mix,
         "arms_running_one_and_the_same_k": alike,
         "arms": arms,
@@ -428,7 +433,7 @@ def shape_change_report(raw: Row) -> Row | None:
                   for arm, v in fixed.items()}  # fmt: skip
 
     def mix_loss(windows: list[Row]) -> float | None:
-        mix = k_mix(windows)
+        mix = k_mix(windows, "seconds")
         return round(sum(share * fixed_loss.get(k, 1.0) for k, share in mix.items()), 4) if (
             mix and fixed) else None  # fmt: skip
 

@@ -331,9 +331,14 @@ def test_the_sign_test_is_the_binomial_tail_of_the_units_the_best_led(
         assert more["p_one_sided"] <= test["p_one_sided"] + 1e-4
 
 
-def with_k_mix(row: dict[str, Any], steps: dict[int, float]) -> dict[str, Any]:
-    """``row`` with its step cells at several k (``steps``: steps per k at B=185-192)."""
-    cells = {(k, 185, 192): CellTotals(n, 0.03 * n, 0.001 * n, n * 190 * (k + 1), n * 190)
+def with_k_mix(
+    row: dict[str, Any], steps: dict[int, float], step_s: dict[int, float] | None = None
+) -> dict[str, Any]:
+    """``row`` with its step cells at several k (``steps``: steps per k at B=185-192, each
+    ``step_s`` long, 30 ms unless given)."""
+    long = step_s or {}
+    cells = {(k, 185, 192): CellTotals(n, long.get(k, 0.03) * n, 0.001 * n, n * 190 * (k + 1),
+                                       n * 190)
              for k, n in steps.items()}  # fmt: skip
     return {**row, "cells": cells_to_wire(cells, 0.0)}
 
@@ -445,3 +450,17 @@ def test_without_a_nightjar_arm_in_blocks_its_k_mix_goal_is_absent(
     result = report.report(raw)
     assert "nightjar_by_k_mix" not in result["loads"][part]
     assert result["goals"]["nightjar_style_loss_3x_daemon"]["pass"] is None
+
+
+def test_a_mix_is_priced_by_the_time_spent_at_each_k_not_by_its_steps(
+    driver: ModuleType, report: ModuleType
+) -> None:
+    """Half the bandit's steps at k1 (20 ms), half at k3 (50 ms): 2/7 of its time at k1, which
+    runs 25 % below k3, so it loses 2/7 x 25 %; by steps it would be 1/2 x 25 %."""
+    raw, part = block_run(driver, per_block=2, stall_blocks=set(), extra={"nightjar": (1e4, 3)})
+    raw["windows"] = [with_k_mix(row, {3: 50.0, 1: 50.0}, {3: 0.05, 1: 0.02})
+                      if row["arm"] == "nightjar" else row for row in raw["windows"]]  # fmt: skip
+    load = report.report(raw)["loads"][part]
+    assert load["k_mix"]["nightjar"] == {1: 0.5, 3: 0.5}
+    assert load["k_time_mix"]["nightjar"] == {1: round(2 / 7, 4), 3: round(5 / 7, 4)}
+    assert load["nightjar_by_k_mix"]["loss_from_k_mix"] == round(0.2857 * 0.25, 4)
