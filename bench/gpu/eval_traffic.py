@@ -19,7 +19,10 @@ For each load (a number of clients, in the order given), in turn:
             so a stall of the engine hits all of them alike (eval_traffic_paired.py).
             ``nightjar`` (not in the default --arms): the Nightjar-style bandit run in the
             engine (admin setting ``policy: nightjar``), switched on fresh before each of its
-            windows, left NIGHTJAR_LEARN_S to learn, measured, then switched off
+            windows, left NIGHTJAR_LEARN_S to learn, measured, then switched off. In a run of
+            blocks it is not in the rotation (a fresh bandit's learning does not fit a short
+            visit): once per load, after it, fresh, NIGHTJAR_LEARN_S to learn, then windows
+            for NIGHTJAR_S (part ``<load>-nightjar``), its loss read from the k its steps ran
 
 Then, with ``--shape-change BEFORE:AFTER:N``, a change of traffic under the daemon:
 
@@ -154,9 +157,30 @@ class Run(DaemonRun):
             daemon_table = await self.run_daemon(f"{part}-daemon", start, self.args.daemon_s)
             self.result.setdefault("daemon_tables", {})[part] = daemon_table
             self.save()
-            await self.rotate(part, self.arm_tables(daemon_table), rounds)
+            tables = self.arm_tables(daemon_table)
+            apart = self.args.rounds_per_block > 1 and NIGHTJAR in tables
+            await self.rotate(part, {a: t for a, t in tables.items()
+                                     if not (apart and a == NIGHTJAR)}, rounds)  # fmt: skip
+            if apart:
+                await self.nightjar_run(part)
         finally:
             await load.drain()
+
+    async def nightjar_run(self, part: str) -> None:
+        """In a run of blocks: a fresh bandit from the measured table, NIGHTJAR_LEARN_S to
+        learn, then windows for NIGHTJAR_S; back to the table whatever happened."""
+        await self.put_table(self.measured_table)
+        on = {"policy": NIGHTJAR, "nightjar_exploration": self.args.nightjar_exploration}
+        await self.server.put(SETTINGS_PATH, on)
+        try:
+            await asyncio.sleep(self.args.nightjar_learn_s + self.args.settle_s)
+            for index in range(self.nightjar_windows()):
+                await self.window(f"{part}-nightjar", NIGHTJAR, index, self.args.window_s)
+        finally:
+            await self.server.put(SETTINGS_PATH, {"policy": "table"})
+
+    def nightjar_windows(self) -> int:
+        return math.ceil(self.args.nightjar_s / self.args.window_s)
 
     async def shape_change(self, before: str, after: str, clients: int, rounds: int) -> None:
         """The daemon under ``before`` traffic for CHANGE_BEFORE_S, then the traffic switched
@@ -191,9 +215,14 @@ class Run(DaemonRun):
         return self.needs_s(5, self.args.change_before_s + self.args.change_after_s, rounds)
 
     def load_needs_s(self, rounds: int) -> float:
-        arms = self.args.arms.split(",")
-        learning = rounds * self.args.nightjar_learn_s if NIGHTJAR in arms else 0.0
-        return self.needs_s(len(arms), self.args.daemon_s, rounds) + learning
+        args = self.args
+        arms = args.arms.split(",")
+        if NIGHTJAR in arms and args.rounds_per_block > 1:  # once, after the rotation
+            run = (args.nightjar_learn_s + args.settle_s
+                   + self.nightjar_windows() * (args.window_s + WINDOW_OVERHEAD_S))  # fmt: skip
+            return self.needs_s(len(arms) - 1, args.daemon_s, rounds) + run
+        learning = rounds * args.nightjar_learn_s if NIGHTJAR in arms else 0.0
+        return self.needs_s(len(arms), args.daemon_s, rounds) + learning
 
     def needs_s(self, arms: int, daemon_s: float, rounds: int) -> float:
         """A part's time: warm-up, the daemon's windows (they run until daemon_s has passed),
@@ -294,6 +323,7 @@ async def run(args: argparse.Namespace) -> int:
             "arms": args.arms.split(","),
             "nightjar": {
                 "learn_s": args.nightjar_learn_s,
+                "run_s": args.nightjar_s if args.rounds_per_block > 1 else None,
                 "exploration": args.nightjar_exploration,
             },
             "measured_table": {
@@ -335,6 +365,9 @@ def main() -> int:
                         help="which, of " + ",".join(KNOWN_ARMS))  # fmt: skip
     parser.add_argument("--nightjar-learn-s", type=float, default=12,
                         help="the nightjar arm learns this long before each window")  # fmt: skip
+    parser.add_argument("--nightjar-s", type=float, default=24,
+                        help="in a run of blocks, the nightjar arm's windows run this long, "
+                        "once per load after its learning")  # fmt: skip
     parser.add_argument("--nightjar-exploration", type=float, default=0.25,
                         help="its UCB1 constant (bench/evaluate.py's best)")  # fmt: skip
     parser.add_argument("--profile", default=None,
@@ -385,6 +418,8 @@ def main() -> int:
         )
     if not 0 <= args.nightjar_exploration <= 100 or args.nightjar_learn_s < 0:
         parser.error("--nightjar-exploration: 0..100; --nightjar-learn-s: >= 0")
+    if not args.nightjar_s > 0:
+        parser.error(f"--nightjar-s {args.nightjar_s:g}: > 0")
     return asyncio.run(run(args))
 
 

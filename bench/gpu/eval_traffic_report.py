@@ -379,13 +379,25 @@ def load_report(raw: Row, part: str) -> Row | None:
         "round", rounds, "paired")  # fmt: skip
     by_mix = {} if "daemon" not in arms else {
         "daemon_by_k_mix": by_k_mix(time_mix["daemon"], best, units, key, arms)}  # fmt: skip
-    if NIGHTJAR in arms:  # its steps at a k not run priced at nothing: the cautious side here
-        cost = k_mix_cost(time_mix[NIGHTJAR], best, arms, key)
+    # The bandit: an arm of the rotation, or (runs of blocks) its own windows after it.
+    alone = [w for w in raw["windows"] if w["part"] == f"{part}-nightjar"]
+    bandit = time_mix.get(NIGHTJAR) or (k_mix(alone, "seconds") if alone else None)
+    if bandit:  # its steps at a k not run priced at nothing: the cautious side for its goal
+        cost = k_mix_cost(bandit, best, arms, key)
         by_mix["nightjar_by_k_mix"] = {
             "loss_from_k_mix": round(cost["priced"], 4),
             "loss_lower_bound": round(cost["priced_at_least"], 4),
             "loss_upper_bound": round(cost["priced_at_most"] + cost["share_at_k_not_run"], 4),
             "share_at_k_not_run": cost["share_at_k_not_run"],
+        }
+    if alone:
+        by_mix["nightjar_run"] = {
+            "windows": len(alone),
+            "tokens_per_s": round(statistics.fmean(w["tokens_per_s"] for w in alone), 1),
+            "k_mix": k_mix(alone),
+            "k_time_mix": bandit,
+            "note": "its own windows after the rotation, not in the same seconds as the arms: "
+            "judged by its k mix only",
         }
     block_count = {} if blocks is None else {"blocks": {
         "rounds_per_block": per_block, "run": len(blocks),
@@ -607,9 +619,12 @@ def nightjar_goal(reports: list[Row]) -> Row:
     that ran both. Judgeable when the two losses differ by more than the largest same-arm
     spread of the arms compared."""
     target = f">= {NIGHTJAR_FACTOR:g}x the daemon's"
+    by_mix = nightjar_k_mix_goal(reports, target)
     both = [r["arms"] for r in reports if NIGHTJAR in r["arms"] and "daemon" in r["arms"]]
     if not both:
-        return not_run(target, "no load ran both the nightjar and the daemon arm (--arms)")
+        absent = not_run(target, "no load ran both the nightjar and the daemon arm in its "
+                         "rotation (--arms; in a run of blocks the bandit runs apart)")  # fmt: skip
+        return absent if by_mix is None else {**absent, "by_k_mix": by_mix}
     theirs = max(arms[NIGHTJAR]["loss_vs_best_fixed_k"] for arms in both)
     ours = max(arms["daemon"]["loss_vs_best_fixed_k"] for arms in both)
     spread = max(arms[name]["spread_judged_against"] for arms in both
@@ -623,7 +638,7 @@ def nightjar_goal(reports: list[Row]) -> Row:
         **goal(measured, target, theirs >= NIGHTJAR_FACTOR * max(ours, 0.0) and theirs > 0),
         "largest_same_arm_spread": spread,
         "judgeable": theirs - ours > spread,
-        "by_k_mix": nightjar_k_mix_goal(reports, target),
+        "by_k_mix": by_mix,
     }
 
 

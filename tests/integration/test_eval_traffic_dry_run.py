@@ -108,8 +108,9 @@ def test_the_gpu_job_runs_interleaved_blocks_of_short_visits(tmp_path: Path) -> 
         out,
         BUDGET_S="120",
         TABLETUNE_SYNC_INTERVAL_S="0.05",
-        DRIVER_ARGS="--loads 4 --arms k1,k3,daemon --warmup-s 1 --window-s 0.5 --settle-s 0.25 "
-        "--daemon-s 2 --daemon-cycle-s 1 --rounds 4 --rounds-per-block 2",
+        DRIVER_ARGS="--loads 4 --arms k1,k3,daemon,nightjar --warmup-s 1 --window-s 0.5 "
+        "--settle-s 0.25 --daemon-s 2 --daemon-cycle-s 1 --rounds 4 --rounds-per-block 2 "
+        "--nightjar-learn-s 0.5 --nightjar-s 1",
         GC_DEBUG="1",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -129,6 +130,13 @@ def test_the_gpu_job_runs_interleaved_blocks_of_short_visits(tmp_path: Path) -> 
     assert all(w["gc"]["collections"] == 0 for w in load["windows"])
     assert "gc_share" in load["stalls"]["pearson_r_of_tokens_per_s_with"]
     assert all(len(arm["blocks"]["ratios"]) == 2 for arm in load["arms"].values())
+    # The bandit apart, once, after the rotation: its windows judged by the k its steps ran.
+    bandit = [w for w in raw["windows"] if w["part"] == "chat-like-B4-nightjar"]
+    assert [w["arm"] for w in bandit] == ["nightjar", "nightjar"]
+    assert bandit[0]["started_utc"] > arms[-1]["ended_utc"]
+    assert load["nightjar_run"]["windows"] == 2 and "nightjar" not in load["arms"]
+    assert "loss_from_k_mix" in load["nightjar_by_k_mix"]
+    assert report["goals"]["nightjar_style_loss_3x_daemon"]["by_k_mix"] is not None
     goal = report["goals"]["daemon_worst_load_loss_chat_like"]
     assert (
         goal["unit"] == "block"

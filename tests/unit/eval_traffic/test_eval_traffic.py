@@ -370,6 +370,7 @@ def run_of(driver: ModuleType, meta: dict[str, Any]) -> Any:
         window_s=meta["window_s"], settle_s=meta["settle_s"],
         warmup_s=6.0, daemon_s=meta["daemon"]["run_s"],
         nightjar_learn_s=meta["nightjar"]["learn_s"],
+        nightjar_s=meta["nightjar"].get("run_s") or 24.0,
     )  # fmt: skip
     return driver.Run(args, {})
 
@@ -381,6 +382,40 @@ def test_the_time_estimate_covers_the_recorded_launch_closely(driver: ModuleType
     needed = run_of(driver, raw["meta"]).load_needs_s(raw["meta"]["rounds"])
     took = raw["durations_s"]["chat-like-B192"]
     assert took <= needed <= 1.05 * took
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "chat_like_b192_blocks_h200_20261201T0514Z",
+        "decode_heavy_b192_blocks_h200_20261201T0523Z",
+        "moe_chat_like_b192_blocks_h200_20261201T0531Z",
+    ],
+)
+def test_the_time_estimate_covers_the_launches_of_one_second_visits(
+    driver: ModuleType, stamp: str
+) -> None:
+    """The three block launches of 2026-12-01 (4 arms, 1 s visits): never under what they
+    took (a load that overran would cut the launch), at most 10 % over (rounds lost)."""
+    raw = json.loads((RAW / f"eval_traffic_{stamp}.json").read_text())
+    ((part, ran),) = raw["rounds"].items()
+    needed = run_of(driver, raw["meta"]).load_needs_s(ran["run"])
+    took = raw["durations_s"][part]
+    assert took <= needed <= 1.10 * took
+
+
+def test_in_blocks_the_bandit_costs_one_run_a_load_not_a_learning_a_round(
+    driver: ModuleType,
+) -> None:
+    meta = {"shape": "chat-like", "arms": ["k1", "k3", "daemon", "nightjar"], "rounds": 8,
+            "rounds_per_block": 4, "window_s": 1.0, "settle_s": 0.25,
+            "daemon": {"run_s": 36.0}, "nightjar": {"learn_s": 12.0, "run_s": 24.0}}  # fmt: skip
+    with_bandit = run_of(driver, meta).load_needs_s(8)
+    without = run_of(driver, {**meta, "arms": ["k1", "k3", "daemon"]}).load_needs_s(8)
+    windows = 24 * (1.0 + driver.WINDOW_OVERHEAD_S)
+    assert with_bandit - without == pytest.approx(12.0 + 0.25 + windows)
+    rounds = run_of(driver, {**meta, "rounds_per_block": 1}).load_needs_s(8)
+    assert rounds - without > 8 * 12.0  # without blocks: a fresh learning every round
 
 
 def test_a_load_that_does_not_fit_runs_fewer_pairs_and_records_it(driver: ModuleType) -> None:

@@ -90,6 +90,7 @@ def test_a_load_runs_its_plan_or_the_most_whole_blocks_that_fit(
         (["--rounds-per-block", "3", "--rounds", "6"], "--rounds-per-block 3: 1 or even"),
         (["--rounds-per-block", "0"], "--rounds-per-block 0: 1 or even"),
         (["--rounds-per-block", "4", "--rounds", "10"], "--rounds 10: whole blocks of 4"),
+        (["--nightjar-s", "0"], "--nightjar-s 0: > 0"),
     ],
 )
 def test_blocks_that_cannot_be_balanced_are_a_one_line_error(
