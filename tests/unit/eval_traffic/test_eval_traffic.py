@@ -251,27 +251,53 @@ def test_a_shape_change_names_two_shapes_and_a_load(driver: ModuleType) -> None:
             driver.parse_change(bad)
 
 
-def test_the_shape_change_report_times_the_new_table_and_the_gap(report: ModuleType) -> None:
-    part = "change-decode-heavy-chat-like-B192"
-    old, new = [[1, 256, 1]], [[1, 256, 3]]
+def with_k_mix(
+    row: dict[str, Any], steps: dict[int, float], step_s: dict[int, float] | None = None
+) -> dict[str, Any]:
+    """``row`` with its step cells at several k (``steps``: steps per k at B=185-192, each
+    ``step_s`` long, 30 ms unless given)."""
+    long = step_s or {}
+    cells = {(k, 185, 192): CellTotals(n, long.get(k, 0.03) * n, 0.001 * n, n * 190 * (k + 1),
+                                       n * 190)
+             for k, n in steps.items()}  # fmt: skip
+    return {**row, "cells": cells_to_wire(cells, 0.0)}
 
-    def live(since: float, tps: float, table: list[list[int]]) -> dict[str, Any]:
-        row = window(f"{part}-daemon", "live", tps, 1)
-        return {**row, "since_daemon_start_s": since, "view": {"table": table}}
 
+CHANGE = "change-decode-heavy-chat-like-B192"
+OLD, NEW = [[1, 256, 1]], [[1, 256, 3]]
+
+
+def live(since: float, tps: float, table: list[list[int]],
+         mix: dict[int, float] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A window of the daemon in the shape change's part (its steps at k1 unless ``mix``)."""
+    row = window(f"{CHANGE}-daemon", "live", tps, 1)
+    row = with_k_mix(row, mix) if mix else row
+    return {**row, "since_daemon_start_s": since, "view": {"table": table}}
+
+
+def change_run(daemon_windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A change of traffic at 36 s under the daemon (its ``daemon_windows``); then, on the new
+    traffic, k1 (the table at the change) 20 % below k3 (the daemon's last)."""
     rows = [
-        live(30.0, 10000.0, old),  # before the change (at 36 s)
-        live(46.0, 8000.0, old),
-        live(66.0, 9000.0, new),  # in force by 30 s after the change
-        live(96.0, 9900.0, new),
-        live(126.0, 10000.0, new),
-        window(f"{part}-arms", "k1", 8000.0, 1),
-        window(f"{part}-arms", "k3", 10000.0, 3),
-        window(f"{part}-arms", "before", 8000.0, 1),
-        window(f"{part}-arms", "after", 10000.0, 3),
+        *daemon_windows,
+        window(f"{CHANGE}-arms", "k1", 8000.0, 1),
+        window(f"{CHANGE}-arms", "k3", 10000.0, 3),
+        window(f"{CHANGE}-arms", "before", 8000.0, 1),
+        window(f"{CHANGE}-arms", "after", 10000.0, 3),
     ]
     raw = raw_run(rows, [])
-    raw["shape_change"] = {"part": part, "at_s": 36.0, "table_at_change": old}
+    raw["shape_change"] = {"part": CHANGE, "at_s": 36.0, "table_at_change": OLD}
+    return raw
+
+
+def test_the_shape_change_report_times_the_new_table_and_the_gap(report: ModuleType) -> None:
+    raw = change_run([
+        live(30.0, 10000.0, OLD),  # before the change (at 36 s)
+        live(46.0, 8000.0, OLD),
+        live(66.0, 9000.0, NEW),  # in force by 30 s after the change
+        live(96.0, 9900.0, NEW),
+        live(126.0, 10000.0, NEW),
+    ])  # fmt: skip
     result = report.report(raw)
     change = result["shape_change"]
     assert change["new_table_in_force_by_s"] == 30.0
@@ -284,28 +310,12 @@ def test_the_shape_change_gap_is_also_read_from_the_k_the_daemons_steps_ran(
 ) -> None:
     """Single windows scatter; the k mix does not: k1 is 20 % below k3 on the new traffic, the
     daemon's window 30 s after the change runs k3 on 90 % of its steps: 90 % of the gap."""
-    part = "change-decode-heavy-chat-like-B192"
-    old, new = [[1, 256, 1]], [[1, 256, 3]]
-
-    def live(since: float, tps: float, table: list[list[int]], mix: dict[int, float]) -> Any:
-        row = window(f"{part}-daemon", "live", tps, 1)
-        cells = {(k, 185, 192): CellTotals(n, 0.03 * n, 0.001 * n, n * 190 * (k + 1), n * 190)
-                 for k, n in mix.items()}  # fmt: skip
-        return {**row, "cells": cells_to_wire(cells, 0.0), "since_daemon_start_s": since,
-                "view": {"table": table}}  # fmt: skip
-
-    rows = [
-        live(46.0, 8000.0, old, {1: 100.0}),
-        live(66.0, 7000.0, new, {3: 90.0, 1: 10.0}),  # a slow window, yet the right k
-        live(96.0, 12000.0, new, {3: 100.0}),
-        live(126.0, 7000.0, new, {3: 100.0}),
-        window(f"{part}-arms", "k1", 8000.0, 1),
-        window(f"{part}-arms", "k3", 10000.0, 3),
-        window(f"{part}-arms", "before", 8000.0, 1),
-        window(f"{part}-arms", "after", 10000.0, 3),
-    ]
-    raw = raw_run(rows, [])
-    raw["shape_change"] = {"part": part, "at_s": 36.0, "table_at_change": old}
+    raw = change_run([
+        live(46.0, 8000.0, OLD, {1: 100.0}),
+        live(66.0, 7000.0, NEW, {3: 90.0, 1: 10.0}),  # a slow window, yet the right k
+        live(96.0, 12000.0, NEW, {3: 100.0}),
+        live(126.0, 7000.0, NEW, {3: 100.0}),
+    ])  # fmt: skip
     result = report.report(raw)
     change = result["shape_change"]
     assert change["loss_from_k_mix_of_the_table_at_the_change"] == 0.2

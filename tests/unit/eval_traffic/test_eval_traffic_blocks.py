@@ -14,9 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletune.step_cells import CellTotals, cells_to_wire
 from tests.support.gpu_jobs import ROOT, load_gpu_module
-from tests.unit.eval_traffic.test_eval_traffic import raw_run, window
+from tests.unit.eval_traffic.test_eval_traffic import raw_run, window, with_k_mix
 
 ARMS = ["k1", "k2", "k3", "daemon", "nightjar"]
 
@@ -330,18 +329,6 @@ def test_the_sign_test_is_the_binomial_tail_of_the_units_the_best_led(
     if ahead < n:  # one more unit led never makes the order less sure
         more = paired.sign_test([*units, {"k3": 2.0, "k1": 1.0}], "k3", "k1")
         assert more["p_one_sided"] <= test["p_one_sided"] + 1e-4
-
-
-def with_k_mix(
-    row: dict[str, Any], steps: dict[int, float], step_s: dict[int, float] | None = None
-) -> dict[str, Any]:
-    """``row`` with its step cells at several k (``steps``: steps per k at B=185-192, each
-    ``step_s`` long, 30 ms unless given)."""
-    long = step_s or {}
-    cells = {(k, 185, 192): CellTotals(n, long.get(k, 0.03) * n, 0.001 * n, n * 190 * (k + 1),
-                                       n * 190)
-             for k, n in steps.items()}  # fmt: skip
-    return {**row, "cells": cells_to_wire(cells, 0.0)}
 
 
 def test_a_best_fixed_k_ahead_in_every_block_is_identified_and_the_daemon_running_it_passes(
