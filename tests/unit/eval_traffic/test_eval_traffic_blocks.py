@@ -452,3 +452,30 @@ def test_a_mix_is_priced_by_the_time_spent_at_each_k_not_by_its_steps(
     assert load["k_mix"]["nightjar"] == {1: 0.5, 3: 0.5}
     assert load["k_time_mix"]["nightjar"] == {1: round(2 / 7, 4), 3: round(5 / 7, 4)}
     assert load["nightjar_by_k_mix"]["loss_from_k_mix"] == round(0.2857 * 0.25, 4)
+
+
+@given(
+    shares=st.dictionaries(st.integers(0, 3), st.floats(0.01, 1.0), min_size=1),
+    ratios=st.dictionaries(st.integers(0, 3), st.tuples(st.floats(0.3, 1.3), st.floats(0, 0.2),
+                                                        st.floats(0, 0.2))),
+)  # fmt: skip
+def test_a_k_mix_is_priced_between_its_bounds_and_never_beyond_its_time_elsewhere(
+    report: ModuleType,
+    shares: dict[int, float],
+    ratios: dict[int, tuple[float, float, float]],
+) -> None:
+    total = sum(shares.values())
+    mix = {k: v / total for k, v in shares.items()}
+    arms = {"k3": {}}  # the best; the others run where ``ratios`` names them
+    for k, (median, below, above) in ratios.items():
+        if k != 3:
+            interval = {"low": median - below, "high": median + above, "coverage": 0.95}
+            arms[f"k{k}"] = {"blocks": {"median_ratio": median, "median_ratio_interval": interval}}
+    cost = report.k_mix_cost(mix, "k3", arms, "blocks")
+    elsewhere = sum(v for k, v in mix.items() if k != 3)
+    assert cost["priced_at_least"] - 1e-12 <= cost["priced"] <= cost["priced_at_most"] + 1e-12
+    assert cost["priced_at_most"] + cost["share_at_k_not_run"] <= elsewhere + 1e-4
+    not_run = sum(v for k, v in mix.items() if k != 3 and f"k{k}" not in arms)
+    assert cost["share_at_k_not_run"] == round(not_run, 4)
+    if elsewhere == 0:
+        assert cost["priced_at_most"] == 0 and cost["share_at_k_not_run"] == 0
