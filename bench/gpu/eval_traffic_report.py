@@ -68,6 +68,7 @@ from host_load import read_host_load  # noqa: E402
 from live_daemon_report import replay  # noqa: E402  (this script's folder is first on sys.path)
 from live_step_time_report import pooled, throughput  # noqa: E402
 
+from tabletune.schemas import DOCUMENTED_EAGLE_TABLE  # noqa: E402
 from tabletune.step_cells import CellTotals  # noqa: E402
 
 Row = dict[str, Any]
@@ -166,6 +167,45 @@ def k_mix_cost(mix: dict[int, float], best: str, arms: dict[str, Row], key: str)
         high += share * min(1.0, max(0.0, 1.0 - interval["low"]))
     return {"priced": cost, "priced_at_least": low, "priced_at_most": high,
             "share_at_k_not_run": round(not_run, 4)}  # fmt: skip
+
+
+def table_time_mix(table: list[list[int]], windows: list[Row]) -> dict[int, float]:
+    """The k a table would run on the batch sizes this load's steps had, as shares of decoding
+    time: each batch cell's steps (every arm's, pooled) at the table's k for the cell's mean
+    batch, weighted by that k's mean step there (the cell's mean step where that k never ran)."""
+    cells = pooled(windows)
+    by_batch: dict[tuple[int, int], CellTotals] = {}
+    for (_, low, high), totals in cells.items():
+        by_batch[(low, high)] = by_batch.get((low, high), CellTotals()) + totals
+    spent: dict[int, float] = {}
+    for (low, high), totals in by_batch.items():
+        if totals.steps <= 0:
+            continue
+        batch = round(totals.requests / totals.steps)
+        k = next((k for start, end, k in table if start <= batch <= end), 0)
+        own = cells.get((k, low, high))
+        step_s = own.seconds / own.steps if own and own.steps > 0 else totals.seconds / totals.steps
+        spent[k] = spent.get(k, 0.0) + totals.steps * step_s
+    total = sum(spent.values())
+    return {k: round(v / total, 4) for k, v in sorted(spent.items())} if total else {}
+
+
+def tables_by_k_mix(meta: Row, windows: list[Row], best: str, arms: dict[str, Row],
+                    key: str) -> Row:  # fmt: skip
+    """vLLM's documented table and the measured one priced by the k they would run here, run as
+    arms or not: a table at one load is the fixed k it picks there (steps at a k not run are not
+    priced, their share given apart)."""
+    tables = {"documented": [[s, min(e, 256), k] for s, e, k in DOCUMENTED_EAGLE_TABLE
+                             if s <= 256]}  # fmt: skip
+    if (meta.get("measured_table") or {}).get("ranges"):
+        tables["measured"] = meta["measured_table"]["ranges"]
+    out = {}
+    for name, table in tables.items():
+        mix = table_time_mix(table, windows)
+        cost = k_mix_cost(mix, best, arms, key)
+        out[name] = {"table": table, "k_time_mix": mix, "loss_from_k_mix": round(cost["priced"], 4),
+                     "share_at_k_not_run": cost["share_at_k_not_run"]}  # fmt: skip
+    return out
 
 
 def by_k_mix(mix: dict[int, float], best: str, units: list[dict[str, float]], key: str,
@@ -410,6 +450,7 @@ def load_report(raw: Row, part: str) -> Row | None:
         "best_fixed_k_sign_test": best_identified(units, list(fixed), best, unit),
         "k_mix": mix,
         "k_time_mix": time_mix,
+        "tables_by_k_mix": tables_by_k_mix(raw["meta"], windows, best, arms, key),
         **by_mix,
         "arms_running_one_and_the_same_k": alike,
         "arms": arms,

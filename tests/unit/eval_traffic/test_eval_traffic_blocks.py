@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tabletune.step_cells import CellTotals, cells_to_wire
 from tests.support.gpu_jobs import ROOT, load_gpu_module
 from tests.unit.eval_traffic.test_eval_traffic import raw_run, window, with_k_mix
 
@@ -479,3 +480,32 @@ def test_a_k_mix_is_priced_between_its_bounds_and_never_beyond_its_time_elsewher
     assert cost["share_at_k_not_run"] == round(not_run, 4)
     if elsewhere == 0:
         assert cost["priced_at_most"] == 0 and cost["share_at_k_not_run"] == 0
+
+
+def test_the_documented_and_measured_tables_are_priced_by_the_k_they_would_run_here(
+    driver: ModuleType, report: ModuleType
+) -> None:
+    """Every step at B=190: the measured table here runs k1 (25 % below k3 in every block),
+    vLLM's documented one k0, which was not run: not priced, its share given apart."""
+    raw, part = block_run(driver, per_block=2, stall_blocks=set())
+    raw["meta"]["measured_table"] = {"ranges": [[1, 128, 3], [129, 256, 1]]}
+    tables = report.report(raw)["loads"][part]["tables_by_k_mix"]
+    assert tables["measured"]["k_time_mix"] == {1: 1.0}
+    assert tables["measured"]["loss_from_k_mix"] == 0.25
+    assert tables["documented"]["table"] == [[1, 64, 3], [65, 128, 1], [129, 256, 0]]
+    assert tables["documented"]["k_time_mix"] == {0: 1.0}
+    assert (tables["documented"]["loss_from_k_mix"],
+            tables["documented"]["share_at_k_not_run"]) == (0.0, 1.0)  # fmt: skip
+
+
+def test_a_table_is_priced_by_the_time_its_k_would_take_on_each_batch_cell(
+    report: ModuleType,
+) -> None:
+    """Half the steps at B~100 (k1 ran there, 20 ms a step), half at B~190 (k3, 50 ms): a table
+    with k1 at 100 and k3 at 190 spends 2/7 of its time at k1."""
+    windows = [with_k_mix(window("p-arms", "x", 1.0, 1), {1: 50.0}, {1: 0.02}),
+               with_k_mix(window("p-arms", "x", 1.0, 3), {3: 50.0}, {3: 0.05})]  # fmt: skip
+    windows[0]["cells"] = cells_to_wire(
+        {(1, 97, 104): CellTotals(50.0, 1.0, 0.02, 50.0 * 100 * 2, 50.0 * 100)}, 0.0)  # fmt: skip
+    mix = report.table_time_mix([[1, 128, 1], [129, 256, 3]], windows)
+    assert mix == {1: round(2 / 7, 4), 3: round(5 / 7, 4)}
