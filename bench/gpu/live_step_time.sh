@@ -11,10 +11,10 @@
 # Results under $OUT: live_step_time.json (meta, every window's raw row, the counters, summary),
 # live_step_time_h200.json (the report's goals), live_step_time_vllm_log.txt (log excerpt),
 # live_step_time_run_log.txt (this script's output), gpu_clocks.csv (where nvidia-smi exists:
-# every GPU once a second; meta.gpu_clocks names the job's GPUs), host_load.csv (the host's CPU
-# every HOST_LOAD_S, bench/gpu/host_logger.py: busy, iowait and steal shares of all CPUs and, per
-# process of vLLM's group, its role (engine_core, api_server, worker...), CPU, run-queue wait and
-# context switches; meta.host_load names it and the group). Then, here:
+# every GPU every GPU_CLOCKS_MS; meta.gpu_clocks names the job's GPUs), host_load.csv (the
+# host's CPU every HOST_LOAD_S, bench/gpu/host_logger.py: busy, iowait and steal shares of all
+# CPUs and, per process of vLLM's group, its role (engine_core, api_server, worker...), CPU,
+# run-queue wait and context switches; meta.host_load names it and the group). Then, here:
 #     .venv/bin/python bench/gpu/live_step_time_report.py live_step_time.json
 # writes bench/results/live_step_time_h200.json.
 #
@@ -28,8 +28,9 @@
 # flags for live_step_time.py), TARGET (qwen3-4b: a config folder under MODELS; also the served
 # model name), DRAFTER ($TARGET-eagle3), TP (1: --tensor-parallel-size), GC_DEBUG (0; 1: vLLM logs
 # its engine core's garbage collections, kept as gc_log.txt), HOST_LOAD_S (1: the
-# host log's interval). A CPU dry run of this script against the plugin-based stand-in
-# (about a minute):
+# host log's interval), GPU_CLOCKS_MS (1000: the GPU log's; for 1 s windows 250 and
+# HOST_LOAD_S=0.25 put a few samples wholly inside each). A CPU dry run of this script
+# against the plugin-based stand-in (about a minute):
 #     WHEEL=none SERVER_MODULE=tests.support.vllm_stand_in PYTHONPATH=src:. BUDGET_S=200 \
 #     DRIVER_ARGS="--clients 6 --warmup-s 1 --window-s 0.8 --settle-s 1.0 --rounds 2 \
 #       --overhead-rounds 3 --neighbour-interval 4 --neighbour-window-s 1.2" \
@@ -54,6 +55,7 @@ TARGET=${TARGET:-qwen3-4b}
 DRAFTER=${DRAFTER:-$TARGET-eagle3}
 TP=${TP:-1}
 HOST_LOAD_S=${HOST_LOAD_S:-1}
+GPU_CLOCKS_MS=${GPU_CLOCKS_MS:-1000}
 [[ $TP =~ ^[1-9][0-9]*$ ]] || { echo "TP must be a positive integer, got '$TP'" >&2; exit 2; }
 mkdir -p "$OUT"
 exec > >(tee "$OUT/live_step_time_run_log.txt") 2>&1
@@ -86,7 +88,8 @@ ARGS=(--model "$MODELS/$TARGET" --served-model-name "$TARGET" --load-format dumm
 CLOCKS=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active
 clocks_pid=
 if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu="$CLOCKS" --format=csv -l 1 >"$OUT/gpu_clocks.csv" 2>&1 &
+  nvidia-smi --query-gpu="$CLOCKS" --format=csv -lms "$GPU_CLOCKS_MS" \
+    >"$OUT/gpu_clocks.csv" 2>&1 &
   clocks_pid=$!
 fi
 host_pid=
@@ -140,14 +143,15 @@ print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, 
   "server_module": sys.argv[8],
   "env": {"VLLM_USE_V2_MODEL_RUNNER": "1", "TABLETUNE_SYNC_INTERVAL_S": sys.argv[9]},
   "gpu_clocks": {"path": "gpu_clocks.csv", "job_gpus": sys.argv[13] or None,
-                 "utc_offset": sys.argv[14]} if sys.argv[12] else None,
+                 "utc_offset": sys.argv[14], "interval_ms": int(sys.argv[18])}
+                if sys.argv[12] else None,
   "host_load": {"path": "host_load.csv", "pgid": int(sys.argv[15]),
                 "interval_s": float(sys.argv[16])},
   "gc_log": {"path": "gc_log.txt", "utc_offset": sys.argv[14]}
             if sys.argv[17] == "1" else None}))' \
   "$gpu" "$engine" "$COMMIT" "$TABLE" "$RATES" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S" \
   "$TARGET" "$TP" "$clocks_pid" "${CUDA_VISIBLE_DEVICES:-}" "$(date +%z)" "$vllm_pid" \
-  "$HOST_LOAD_S" "${GC_DEBUG:-0}")
+  "$HOST_LOAD_S" "${GC_DEBUG:-0}" "$GPU_CLOCKS_MS")
 
 # The driver's budget: what is left of BUDGET_S, less ~25 s for stopping vLLM and the report.
 # It keeps to it (parts that no longer fit are skipped); `timeout` is the last resort, and the

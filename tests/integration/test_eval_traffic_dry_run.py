@@ -36,6 +36,7 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
         CUDA_VISIBLE_DEVICES="1",
         FAKE_NVIDIA_SMI_PID=str(tmp_path / "smi.pid"),
         HOST_LOAD_S="0.25",
+        GPU_CLOCKS_MS="250",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     raw = json.loads((out / "eval_traffic.json").read_text())
@@ -43,6 +44,8 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
     assert list(raw["rounds"].values()) == [{"planned": 2, "run": 2}] * 3  # 2 loads, the change
     # The GPU log: written while the job ran, its logger stopped by its id at the end.
     assert raw["meta"]["gpu_clocks"]["job_gpus"] == "1"
+    assert raw["meta"]["gpu_clocks"]["interval_ms"] == 250  # GPU_CLOCKS_MS, passed to the logger
+    assert (tmp_path / "smi.pid.args").read_text().split()[-2:] == ["-lms", "250"]
     assert len((out / "gpu_clocks.csv").read_text().splitlines()) > 10
     logger = int((tmp_path / "smi.pid").read_text())
     status = Path(f"/proc/{logger}/status")

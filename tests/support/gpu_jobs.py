@@ -68,8 +68,9 @@ def dry_run(script: str, out: Path, **env: str) -> subprocess.CompletedProcess[s
 # written down, to see that the job stopped it); GPU 1 busier than GPU 0.
 FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
 case " $* " in
-  *" -l "*)
+  *" -l "* | *" -lms "*)
     echo $$ >"$FAKE_NVIDIA_SMI_PID"
+    echo "$*" >"$FAKE_NVIDIA_SMI_PID.args"
     echo "timestamp, index, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], \
 temperature.gpu, utilization.gpu [%], clocks_event_reasons.active"
     while :; do
