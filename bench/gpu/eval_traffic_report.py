@@ -76,6 +76,7 @@ FIXED = ("k0", "k1", "k2", "k3")
 SINGLE_K = 0.99  # an arm whose steps ran at one k this often is that fixed-k configuration
 NIGHTJAR = "nightjar"  # the arm of the Nightjar-style bandit run in the engine
 NIGHTJAR_FACTOR = 3.0  # issue 16: its worst-load loss at least this many times the daemon's
+MAX_NUM_SEQS = 256  # every launch's (live_step_time.sh): where the documented table is cut
 ALPHA = 0.05  # a fixed k is beaten by the best when the sign test's p is at most this
 STALL_GPU_PCT = 80  # a window whose GPU was busy less than this waited on the host
 MIN_PAIRS = 3  # a correlation needs at least this many windows
@@ -149,9 +150,9 @@ def k_mix_cost(mix: dict[int, float], best: str, arms: dict[str, Row], key: str)
     """What an arm's steps at other k than the best fixed k's cost, read from its k mix (the
     engine does the same work for a step of one k whichever table or policy chose it): each
     such k's share of the arm's decoding time (``k_time_mix``) times that fixed k's measured
-    loss (``key``: its paired figures
-    over rounds or blocks). Steps at a k whose fixed arm was not run are not priced: their
-    share is given apart, to be counted on the cautious side of each goal."""
+    loss (``key``: its paired figures over rounds or blocks). Steps at a k whose fixed arm was
+    not run are not priced: their share is given apart, to be counted on the cautious side of
+    each goal."""
     best_k = int(best.removeprefix("k"))
     cost = low = high = not_run = 0.0
     for k, share in mix.items():
@@ -195,8 +196,8 @@ def tables_by_k_mix(meta: Row, windows: list[Row], best: str, arms: dict[str, Ro
     """vLLM's documented table and the measured one priced by the k they would run here, run as
     arms or not: a table at one load is the fixed k it picks there (steps at a k not run are not
     priced, their share given apart)."""
-    tables = {"documented": [[s, min(e, 256), k] for s, e, k in DOCUMENTED_EAGLE_TABLE
-                             if s <= 256]}  # fmt: skip
+    tables = {"documented": [[s, min(e, MAX_NUM_SEQS), k] for s, e, k in DOCUMENTED_EAGLE_TABLE
+                             if s <= MAX_NUM_SEQS]}  # fmt: skip
     if (meta.get("measured_table") or {}).get("ranges"):
         tables["measured"] = meta["measured_table"]["ranges"]
     out = {}
@@ -208,8 +209,8 @@ def tables_by_k_mix(meta: Row, windows: list[Row], best: str, arms: dict[str, Ro
     return out
 
 
-def by_k_mix(mix: dict[int, float], best: str, units: list[dict[str, float]], key: str,
-             arms: dict[str, Row]) -> Row:  # fmt: skip
+def daemon_by_k_mix(mix: dict[int, float], best: str, units: list[dict[str, float]],
+                    key: str, arms: dict[str, Row]) -> Row:  # fmt: skip
     """The daemon's loss read from the k its steps ran (``k_mix_cost``, its steps at a k not
     run counted as lost whole), and bounds on the loss of its own k (the one it ran most) that
     do not lean on which fixed k is best: against every other fixed k run, 1 - the interval of
@@ -418,7 +419,7 @@ def load_report(raw: Row, part: str) -> Row | None:
     unit, units, key = ("block", blocks, "blocks") if blocks is not None else (
         "round", rounds, "paired")  # fmt: skip
     by_mix = {} if "daemon" not in arms else {
-        "daemon_by_k_mix": by_k_mix(time_mix["daemon"], best, units, key, arms)}  # fmt: skip
+        "daemon_by_k_mix": daemon_by_k_mix(time_mix["daemon"], best, units, key, arms)}  # fmt: skip
     # The bandit: an arm of the rotation, or (runs of blocks) its own windows after it.
     alone = [w for w in raw["windows"] if w["part"] == f"{part}-nightjar"]
     bandit = time_mix.get(NIGHTJAR) or (k_mix(alone, "seconds") if alone else None)
