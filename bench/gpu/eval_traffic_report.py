@@ -807,7 +807,9 @@ def plot(result: Row, path: Path) -> None:
     ax.set_xticklabels([f"{n} (B~{r['effective_batch']:.0f})" for n, r in loads.items()])
     ax.set_ylabel("tokens/s (bars: min..max of repeated windows)")
     meta = result["meta"]
-    ax.set_title(f"{meta.get('target', 'qwen3-4b')}, {meta['shape']} traffic, "
+    shape_of = {load["part"]: load["shape"] for load in loads_of(meta)}
+    shapes = ", ".join(dict.fromkeys(shape_of[name] for name in loads))  # of the loads drawn
+    ax.set_title(f"{meta.get('target', 'qwen3-4b')}, {shapes} traffic, "
                  f"{meta.get('device', '?')}, vLLM {meta.get('engine_version', '?')}, "
                  f"{meta['date'][:10]}", fontsize=9)  # fmt: skip
     ax.legend(fontsize=7, ncol=4)
