@@ -111,13 +111,13 @@ def arm_summary(windows: list[Row]) -> Row:
     }
 
 
-def k_mix(windows: list[Row], field: str = "steps") -> dict[int, float]:
-    """Share of an arm's decoding steps at each k (the plugin's step cells): under traffic
+def k_mix(cells: dict[Any, CellTotals], field: str = "steps") -> dict[int, float]:
+    """Share of an arm's decoding steps at each k (its pooled step cells): under traffic
     with prefill the decode batch moves, so a table may run several k at one load. With
     ``field="seconds"``, the share of its decoding time: what prices a mix exactly, since an
     arm's tokens/s is its k's tokens/s weighted by the time spent at each."""
     spent: dict[int, float] = {}
-    for (k, _, _), totals in pooled(windows).items():
+    for (k, _, _), totals in cells.items():
         spent[k] = spent.get(k, 0.0) + getattr(totals, field)
     total = sum(spent.values())
     return {k: round(n / total, 4) for k, n in sorted(spent.items())} if total else {}
@@ -146,6 +146,11 @@ def best_identified(units: list[dict[str, float]], fixed: list[str], best: str, 
             "identified": identified}  # fmt: skip
 
 
+def loss_of(ratio: float) -> float:
+    """A fixed k's loss from its ratio to the best: 1 - ratio, within 0..1."""
+    return min(1.0, max(0.0, 1.0 - ratio))
+
+
 def k_mix_cost(mix: dict[int, float], best: str, arms: dict[str, Row], key: str) -> Row:
     """What an arm's steps at other k than the best fixed k's cost, read from its k mix (the
     engine does the same work for a step of one k whichever table or policy chose it): each
@@ -163,9 +168,9 @@ def k_mix_cost(mix: dict[int, float], best: str, arms: dict[str, Row], key: str)
             continue
         figures = arms[f"k{k}"][key]
         interval = figures["median_ratio_interval"]
-        cost += share * min(1.0, max(0.0, 1.0 - figures["median_ratio"]))
-        low += share * min(1.0, max(0.0, 1.0 - interval["high"]))
-        high += share * min(1.0, max(0.0, 1.0 - interval["low"]))
+        cost += share * loss_of(figures["median_ratio"])
+        low += share * loss_of(interval["high"])
+        high += share * loss_of(interval["low"])
     return {"priced": cost, "priced_at_least": low, "priced_at_most": high,
             "share_at_k_not_run": round(not_run, 4)}  # fmt: skip
 
@@ -395,8 +400,9 @@ def load_report(raw: Row, part: str) -> Row | None:
         if w["part"] == f"{part}-daemon"
     ]
     effective = statistics.fmean(a["mean_running"] for a in arms.values() if a["mean_running"])
-    mix = {arm: k_mix([w for w in windows if w["arm"] == arm]) for arm in arms}
-    time_mix = {arm: k_mix([w for w in windows if w["arm"] == arm], "seconds") for arm in arms}
+    cells = {arm: pooled([w for w in windows if w["arm"] == arm]) for arm in arms}
+    mix = {arm: k_mix(cells[arm]) for arm in arms}
+    time_mix = {arm: k_mix(cells[arm], "seconds") for arm in arms}
     single: dict[int, list[str]] = {}
     for arm, shares in mix.items():
         if shares and max(shares.values()) >= SINGLE_K:
@@ -422,7 +428,8 @@ def load_report(raw: Row, part: str) -> Row | None:
         "daemon_by_k_mix": daemon_by_k_mix(time_mix["daemon"], best, units, key, arms)}  # fmt: skip
     # The bandit: an arm of the rotation, or (runs of blocks) its own windows after it.
     alone = [w for w in raw["windows"] if w["part"] == f"{part}-nightjar"]
-    bandit = time_mix.get(NIGHTJAR) or (k_mix(alone, "seconds") if alone else None)
+    alone_cells = pooled(alone)
+    bandit = time_mix.get(NIGHTJAR) or (k_mix(alone_cells, "seconds") if alone else None)
     if bandit:  # its steps at a k not run priced at nothing: the cautious side for its goal
         cost = k_mix_cost(bandit, best, arms, key)
         by_mix["nightjar_by_k_mix"] = {
@@ -435,7 +442,7 @@ def load_report(raw: Row, part: str) -> Row | None:
         by_mix["nightjar_run"] = {
             "windows": len(alone),
             "tokens_per_s": round(statistics.fmean(w["tokens_per_s"] for w in alone), 1),
-            "k_mix": k_mix(alone),
+            "k_mix": k_mix(alone_cells),
             "k_time_mix": bandit,
             "note": "its own windows after the rotation, not in the same seconds as the arms: "
             "judged by its k mix only",
@@ -487,7 +494,7 @@ def shape_change_report(raw: Row) -> Row | None:
                   for arm, v in fixed.items()}  # fmt: skip
 
     def mix_loss(windows: list[Row]) -> float | None:
-        mix = k_mix(windows, "seconds")
+        mix = k_mix(pooled(windows), "seconds")
         return round(sum(share * fixed_loss.get(k, 1.0) for k, share in mix.items()), 4) if (
             mix and fixed) else None  # fmt: skip
 
