@@ -57,6 +57,13 @@ TP=${TP:-1}
 HOST_LOAD_S=${HOST_LOAD_S:-1}
 GPU_CLOCKS_MS=${GPU_CLOCKS_MS:-1000}
 [[ $TP =~ ^[1-9][0-9]*$ ]] || { echo "TP must be a positive integer, got '$TP'" >&2; exit 2; }
+# The loggers' intervals, checked before anything starts (nvidia-smi and the host logger run in
+# the background, where a bad value would only show as a missing log after the launch).
+[[ $GPU_CLOCKS_MS =~ ^[1-9][0-9]*$ ]] \
+  || { echo "GPU_CLOCKS_MS must be a positive integer (ms), got '$GPU_CLOCKS_MS'" >&2; exit 2; }
+[[ $HOST_LOAD_S =~ ^[0-9]+([.][0-9]+)?$ ]] \
+  && python3 -c 'import sys; sys.exit(not 0.05 <= float(sys.argv[1]) <= 60)' "$HOST_LOAD_S" \
+  || { echo "HOST_LOAD_S must be seconds within 0.05..60, got '$HOST_LOAD_S'" >&2; exit 2; }
 mkdir -p "$OUT"
 exec > >(tee "$OUT/live_step_time_run_log.txt") 2>&1
 export PYTHONUNBUFFERED=1

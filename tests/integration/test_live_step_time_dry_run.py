@@ -56,3 +56,21 @@ def test_the_gpu_job_runs_every_part_and_writes_its_results(tmp_path: Path) -> N
     assert {r["role"] for r in rows if r["pid"] == str(group)} == {"api_server"}
     assert any(float(r["cpu"]) > 0 for r in rows if r["pid"] == str(group))
     assert logger_of(tmp_path / "host_load.csv") is None
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GPU_CLOCKS_MS": "0.5"}, "GPU_CLOCKS_MS must be a positive integer (ms), got '0.5'"),
+        ({"GPU_CLOCKS_MS": "abc"}, "GPU_CLOCKS_MS must be a positive integer (ms), got 'abc'"),
+        ({"HOST_LOAD_S": "0.01"}, "HOST_LOAD_S must be seconds within 0.05..60, got '0.01'"),
+        ({"HOST_LOAD_S": "1s"}, "HOST_LOAD_S must be seconds within 0.05..60, got '1s'"),
+    ],
+)
+def test_a_bad_logger_interval_is_a_one_line_error_before_anything_starts(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    out = tmp_path / "out"
+    done = dry_run("live_step_time.sh", out, **env)
+    assert done.returncode == 2 and done.stderr.strip() == message
+    assert not out.exists()  # nothing started, nothing written
