@@ -35,3 +35,12 @@ report decode_heavy_b192_blocks eval_traffic_decode_heavy_b192_blocks_h200_20261
 # shellcheck disable=SC2046
 report moe_chat_like_b192_blocks eval_traffic_moe_chat_like_b192_blocks_h200_20261201T0531Z.json \
   $(logs 20261201T0531Z)
+# shellcheck disable=SC2046
+report decode_heavy_b64_b128_blocks eval_traffic_decode_heavy_b64_b128_blocks_h200_20261201T0710Z.json \
+  $(logs 20261201T0710Z)
+# shellcheck disable=SC2046
+report moe_decode_heavy_b192_blocks eval_traffic_moe_decode_heavy_b192_blocks_h200_20261201T0718Z.json \
+  $(logs 20261201T0718Z)
+# shellcheck disable=SC2046
+report chat_like_b64_b128_blocks eval_traffic_chat_like_b64_b128_blocks_h200_20261201T0726Z.json \
+  $(logs 20261201T0726Z)
