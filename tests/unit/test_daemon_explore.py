@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tabletune.daemon.explore import exploration_ks, loaded_batches
+from tabletune.daemon.profiles import make_pool
+from tabletune.daemon.setting_groups import PluginSettings, StepTimeSettings
 from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout, StepTimeParams
-from tabletune.solver import StepTimes
-from tabletune.step_cells import StepCellCounter
+from tabletune.schemas.io import load_profile
+from tabletune.solver import StepTimes, dense_lookup
+from tabletune.step_cells import StepCellCounter, cells_from_wire
 
 GRID = (1, 8, 16, 64, 128, 256)
 KS = (0, 1, 2, 3)
@@ -134,3 +140,53 @@ def test_loaded_batches_hold_the_heaviest_and_every_share_above_the_floor(
 def test_explored_k_are_allowed_and_never_the_tables_own(load: int) -> None:
     chosen = ks_for(estimate_with({3: 3.0}, batch=load), load=load)
     assert set(chosen) <= set(KS) and 3 not in chosen
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# Issue 16's decode-heavy launch on the H200 (bench/results/gpu_raw, 07:10 UTC): at B≈127,
+# k=2 was the best fixed k (k=1 0.93 of it per block, 4 of 4) while the daemon ran k=3 and burst
+# k=1 and k=2. The bursts put k=2 at 17.2 ms, 27 % over its own arm's 13.6 ms, 12 % standard
+# error: one band of optimism left it behind k=1, the bursts stopped, and the daemon settled
+# on k=1.
+H200_DECODE_HEAVY = (
+    ROOT
+    / "bench/results/gpu_raw"
+    / "eval_traffic_decode_heavy_b64_b128_blocks_h200_20261201T0710Z.json"
+)
+
+
+def h200_daemon_exploration(z: float) -> tuple[int, ...]:
+    """The k worth bursts after the launch's B≈127 daemon part, on its recorded step cells."""
+    raw = json.loads(H200_DECODE_HEAVY.read_text())
+    pool = make_pool(load_profile(ROOT / raw["meta"]["daemon"]["profile"]), None)
+    defaults = StepTimeSettings()
+    estimator = StepTimeEstimator(
+        StepTimeLayout(pool.step_times, pool.step_times.max_batch, off_graph=pool.off_graph)
+    )
+    elapsed, table = 0.0, None
+    for window in raw["windows"]:
+        if window["part"] != "decode-heavy-B128-daemon":
+            continue
+        elapsed += window["wall_s"]
+        cells = cells_from_wire(window["cells"])[0]
+        estimator.add(cells, elapsed, half_life_s=defaults.half_life_s, shift=defaults.shift)
+        table = [tuple(r) for r in window["view"]["table"]]
+    assert table is not None
+    params = StepTimeParams(**defaults.model_dump(exclude={"enabled", "shift"}))
+    lookup = dense_lookup(table, 256, 3)
+    assert lookup[127] == 1  # where the daemon settled
+    return exploration_ks(
+        estimator.estimate(params, prior_sigma=pool.relative_sigma),
+        pool.step_times,
+        tuple(raw["meta"]["synthetic_rates"]),
+        lookup,
+        {127: 1.0},
+        (0, 1, 2, 3),
+        min_steps=30,
+        z=z,
+    )
+
+
+def test_h200_bursts_keep_the_k_one_slow_draw_put_behind() -> None:
+    assert 2 not in h200_daemon_exploration(z=1.0)  # the miss, as it happened
+    assert 2 in h200_daemon_exploration(z=PluginSettings().neighbour_drop_z)

@@ -3,8 +3,12 @@ the table's k where the load runs.
 
 A k is worth exploring at a loaded batch size when its optimistic goodput beats the table's k
 there: measured (``MEASURED_STEPS`` live steps since the cell's traffic last changed, faded
-or not), its step time one uncertainty band faster than estimated; never measured there, what
-the profile promises. A k that live steps have shown to be worse drops out, and stays out
+or not), its step time ``z`` uncertainty bands faster than estimated (the plugin's
+``neighbour_drop_z``, 2: bursts are a few steps each of a step time whose spread under mixed
+traffic is as large as its mean, and at one band an H200 run dropped the best k, 7 % ahead of
+the table's, on a slow draw: docs/daemon.md); never
+measured there, what the profile promises. A k that live steps have shown to be worse drops
+out, and stays out
 while the traffic there stays as it was, so the bursts stop paying for it; a k the table
 cannot reach by small steps (k=3 running where k=1 is best) is still tried. With nothing
 worth trying the daemon turns the bursts off.
@@ -93,5 +97,5 @@ def replica_exploration(
         rt.loads.clipped(top),
         set(view.allowed_k) & set(rt.pool.step_times.ks),
         min_steps=MEASURED_STEPS,
-        z=settings.decision.confidence_z,
+        z=settings.plugin.neighbour_drop_z,
     )

@@ -276,6 +276,14 @@ class PluginSettings(_Group):
             "none could); false: at the adjacent k, always"
         ),
     )
+    neighbour_drop_z: float = Field(
+        default=2.0,
+        ge=0,
+        description=(
+            "a k measured in bursts stops being explored only when, taken this many standard "
+            "errors faster than measured, it still loses to the table's k"
+        ),
+    )
 
 
 class AdminSettings(_Group):
