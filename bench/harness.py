@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from tabletune.errors import InputError, TemporaryError
 from tabletune.sim.build import resolve_profile
 from tabletune.sim.engine import EngineSim
 from tabletune.sim.replica import Replica, SimClock, Unavailable
-from tabletune.sim.scenario import load_scenario
+from tabletune.sim.scenario import Scenario, load_scenario
 
 
 class Wall:
@@ -88,9 +89,19 @@ class Rig:
     """Emulated replicas on a fake wall clock, and the daemon reading them in process."""
 
     def __init__(
-        self, scenario_name: str, profile: Path, workdir: Path, *, replicas: int = 1, **env: str
+        self,
+        scenario_name: str,
+        profile: Path,
+        workdir: Path,
+        *,
+        replicas: int = 1,
+        overrides: Mapping[str, Any] | None = None,
+        **env: str,
     ) -> None:
+        """``overrides``: scenario fields replaced (``seed``, ``step_noise``, ``load``...)."""
         scenario, base_dir = load_scenario(scenario_name)
+        if overrides:
+            scenario = Scenario.model_validate({**scenario.model_dump(), **overrides})
         self.scenario = scenario
         self.wall = Wall()
         clock = SimClock(speed=1.0, start_wall=self.wall(), wall=self.wall)

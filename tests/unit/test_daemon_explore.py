@@ -147,7 +147,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # k=2 was the best fixed k (k=1 0.93 of it per block, 4 of 4) while the daemon ran k=3 and burst
 # k=1 and k=2. The bursts put k=2 at 17.2 ms, 27 % over its own arm's 13.6 ms, 12 % standard
 # error: one band of optimism left it behind k=1, the bursts stopped, and the daemon settled
-# on k=1.
+# on k=1, 7.2 % behind k=2.
 H200_DECODE_HEAVY = (
     ROOT
     / "bench/results/gpu_raw"
@@ -187,6 +187,8 @@ def h200_daemon_exploration(z: float) -> tuple[int, ...]:
     )
 
 
-def test_h200_bursts_keep_the_k_one_slow_draw_put_behind() -> None:
-    assert 2 not in h200_daemon_exploration(z=1.0)  # the miss, as it happened
-    assert 2 in h200_daemon_exploration(z=PluginSettings().neighbour_drop_z)
+def test_h200_bursts_drop_the_k_one_slow_draw_put_behind_unless_z_is_raised() -> None:
+    # The default is what ran: k=2 dropped. At two standard errors it would have stayed in
+    # the bursts (on the emulator two did not end on the best k more often: docs/daemon.md).
+    assert 2 not in h200_daemon_exploration(z=PluginSettings().neighbour_drop_z)
+    assert 2 in h200_daemon_exploration(z=2.0)

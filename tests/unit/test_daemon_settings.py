@@ -72,7 +72,7 @@ DEFAULTS = {
         "neighbour_interval": 32,
         "neighbour_burst": 4,
         "neighbour_directed": True,
-        "neighbour_drop_z": 2.0,
+        "neighbour_drop_z": 1.0,
     },
     "admin": {
         "token": None,

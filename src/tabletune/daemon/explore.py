@@ -3,10 +3,8 @@ the table's k where the load runs.
 
 A k is worth exploring at a loaded batch size when its optimistic goodput beats the table's k
 there: measured (``MEASURED_STEPS`` live steps since the cell's traffic last changed, faded
-or not), its step time ``z`` uncertainty bands faster than estimated (the plugin's
-``neighbour_drop_z``, 2: bursts are a few steps each of a step time whose spread under mixed
-traffic is as large as its mean, and at one band an H200 run dropped the best k, 7 % ahead of
-the table's, on a slow draw: docs/daemon.md); never
+or not), its step time ``z`` uncertainty bands faster than estimated (``neighbour_drop_z``,
+1; docs/daemon.md says what 2 did on the H200's recorded cells and on the emulator); never
 measured there, what the profile promises. A k that live steps have shown to be worse drops
 out, and stays out
 while the traffic there stays as it was, so the bursts stop paying for it; a k the table

@@ -277,11 +277,11 @@ class PluginSettings(_Group):
         ),
     )
     neighbour_drop_z: float = Field(
-        default=2.0,
+        default=1.0,
         ge=0,
         description=(
-            "a k measured in bursts stops being explored only when, taken this many standard "
-            "errors faster than measured, it still loses to the table's k"
+            "a k measured in bursts stops being explored when, taken this many standard errors "
+            "faster than measured, it still loses to the table's k (larger: explored longer)"
         ),
     )
 

@@ -1,0 +1,150 @@
+"""When directed bursts give up on a k, on the emulator: the decision's one standard error
+against two (``PLUGIN__NEIGHBOUR_DROP_Z``). Writes bench/results/burst_drop_sim.json.
+
+On the H200 (issue 16, decode-heavy B≈127) k=2's few burst steps came out 27 % slower than its
+own arm ran, one standard error of optimism left it behind k=1, the bursts stopped and the
+daemon settled 7.2 % behind the best k. The emulator's ``serving-decode-heavy`` scenario has the
+same near-ties (B=120-144: k=2 best, k=1 6-11 % behind, k=3 running from the profile's table);
+each step's time is drawn with a relative spread ``--step-noise`` (0.6: the H200 steps' standard
+deviation over their mean at that load). Per load, seed and z the daemon (default settings but
+z) runs HORIZON_S from the profile's table; scored as in live_step_time_sim.py: the final
+table's true loss at the load, and the loss of every step run over the last 30 s (bursts
+included: what exploring longer costs).
+
+    .venv/bin/python bench/burst_drop_sim.py            # 4 loads x 8 seeds x 2 z (~15 min)
+    .venv/bin/python bench/burst_drop_sim.py --quick    # 2 loads x 3 seeds
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import environment, write_result  # noqa: E402
+from bench.harness import ReplicaAdmin, Rig  # noqa: E402
+from bench.live_step_time_sim import (  # noqa: E402
+    HORIZON_S,
+    INTERVAL_S,
+    PROFILE,
+    SERVING,
+    WINDOW_S,
+    ExpectedScore,
+    quiet,
+    table_loss,
+)
+from tabletune.sim.scenario import ConstantLoad  # noqa: E402
+
+LOADS = (120, 128, 136, 144)
+QUICK_LOADS = (128, 144)
+SEEDS = 8
+ZS = (1.0, 2.0)
+STEP_NOISE = 0.6
+
+
+def run_once(
+    load: int, seed: int, z: float, noise: float, horizon_s: float, workdir: Path
+) -> dict[str, Any]:
+    rig = Rig(
+        SERVING,
+        PROFILE,
+        workdir,
+        overrides={
+            "seed": seed,
+            "step_noise": noise,
+            "load": ConstantLoad(kind="constant", batch_size=load),
+        },
+        LOOP__INTERVAL_S=str(INTERVAL_S),
+        PLUGIN__NEIGHBOUR_DROP_Z=str(z),
+    )
+    replica = next(iter(rig.replicas.values()))
+    admin = ReplicaAdmin(replica, rig.loop, rig.lock)
+    profile_table = replica.truth(last=0)["profile_table"]
+    admin.put_table(profile_table)
+    score = ExpectedScore(replica.engine)
+    start = rig.sim_s
+    while rig.sim_s - start < horizon_s - 1e-9:
+        rig.controller.run_cycle()
+        rig.wall.t += INTERVAL_S
+    truth = replica.truth(last=0)
+    engine = replica.engine
+    k_at_load = next(k for low, high, k in truth["table"] if low <= load <= high)
+    best_k = engine.best_k(load, engine.acceptance.at(engine.now), engine.shape())[0]
+    return {
+        "seed": seed,
+        "k_at_load": k_at_load,
+        "best_k": best_k,
+        "table_loss": table_loss(engine, truth["table"], load),
+        "measured_loss": score.loss(engine.now - WINDOW_S, engine.now),
+    }
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "runs": len(runs),
+        "ended_on_the_best_k": sum(r["k_at_load"] == r["best_k"] for r in runs) / len(runs),
+        "table_loss_mean": statistics.fmean(r["table_loss"] for r in runs),
+        "table_loss_worst": max(r["table_loss"] for r in runs),
+        "measured_loss_mean": statistics.fmean(r["measured_loss"] for r in runs),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--step-noise", type=float, default=STEP_NOISE)
+    parser.add_argument("--horizon-s", type=float, default=HORIZON_S)
+    args = parser.parse_args()
+    quiet()
+    loads = QUICK_LOADS if args.quick else LOADS
+    seeds = args.seeds or (3 if args.quick else SEEDS)
+    per_load: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for load in loads:
+            per_z = {}
+            for z in ZS:
+                runs = [
+                    run_once(
+                        load,
+                        100 + s,
+                        z,
+                        args.step_noise,
+                        args.horizon_s,
+                        Path(tmp) / f"{load}-{z}-{s}",
+                    )
+                    for s in range(seeds)
+                ]
+                per_z[f"z={z:g}"] = {"summary": summary(runs), "runs": runs}
+                print(f"B={load} z={z:g}: {per_z[f'z={z:g}']['summary']}", flush=True)
+            per_load[str(load)] = per_z
+    everything = {
+        f"z={z:g}": summary([r for v in per_load.values() for r in v[f"z={z:g}"]["runs"]])
+        for z in ZS
+    }
+    write_result(
+        "burst_drop_sim" if args.horizon_s == HORIZON_S else f"burst_drop_sim_{args.horizon_s:g}s",
+        {
+            "meta": environment(),
+            "scenario": SERVING,
+            "profile": str(PROFILE.relative_to(ROOT)),
+            "step_noise": args.step_noise,
+            "horizon_s": args.horizon_s,
+            "loads": list(loads),
+            "seeds": seeds,
+            "all_loads": everything,
+            "per_load": per_load,
+        },
+        smoke=args.quick,
+    )
+
+
+if __name__ == "__main__":
+    main()
