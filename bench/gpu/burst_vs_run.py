@@ -1,0 +1,176 @@
+"""Neighbour bursts against running: what a k's burst steps took next to what the same k took as
+a fixed arm, at the same batch cell, in the same launch (eval_traffic.py runs of blocks).
+
+In a daemon part's window a cell's k with under a third of the busiest k's steps is a burst
+(the plugin's bursts are 3 timed steps every 32); the fixed arms' windows of the same load give
+the k's own running step time. Also, for one daemon part and load, the daemon's view window by
+window (its step-time estimator at this checkout fed the part's recorded cells: T_hat, its
+relative uncertainty and live steps per k), which is what its decisions and bursts rested on.
+
+    RAW=bench/results/gpu_raw
+    .venv/bin/python bench/gpu/burst_vs_run.py $RAW/eval_traffic_*blocks*.json \\
+        --view decode-heavy-B128-daemon:127 \\
+        --view-raw $RAW/eval_traffic_decode_heavy_b64_b128_blocks_h200_20261201T0710Z.json
+writes bench/results/burst_vs_run_h200.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tabletune.daemon.profiles import make_pool  # noqa: E402
+from tabletune.daemon.setting_groups import StepTimeSettings  # noqa: E402
+from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout, StepTimeParams  # noqa: E402
+from tabletune.schemas.io import load_profile  # noqa: E402
+from tabletune.step_cells import cells_from_wire  # noqa: E402
+
+Row = dict[str, Any]
+BURST_SHARE = 1 / 3  # a k with fewer steps than this share of its cell's busiest k: a burst
+MIN_BURST_STEPS = 20
+MIN_ARM_STEPS = 50
+
+
+def _add(sums: dict[Any, list[float]], key: Any, cell: list[float]) -> None:
+    steps, seconds, tokens = cell[3], cell[4], cell[6]
+    total = sums.setdefault(key, [0.0, 0.0, 0.0])
+    total[0] += steps
+    total[1] += seconds
+    total[2] += tokens
+
+
+def burst_sums(windows: Iterable[Row]) -> dict[tuple[int, int, int], list[float]]:
+    """(k, low, high) -> steps, seconds, tokens of the burst steps in a daemon part's windows."""
+    sums: dict[Any, list[float]] = {}
+    for window in windows:
+        by_cell: dict[tuple[int, int], list[list[float]]] = defaultdict(list)
+        for cell in window["cells"]["cells"]:
+            by_cell[(cell[1], cell[2])].append(cell)
+        for (low, high), cells in by_cell.items():
+            busiest = max(cell[3] for cell in cells)
+            for cell in cells:
+                if cell[3] < busiest * BURST_SHARE:
+                    _add(sums, (int(cell[0]), low, high), cell)
+    return sums
+
+
+def arm_sums(windows: Iterable[Row]) -> dict[tuple[int, int, int], list[float]]:
+    """(k, low, high) -> the same, from the fixed arms' windows (their own k only)."""
+    sums: dict[Any, list[float]] = {}
+    for window in windows:
+        arm = window["arm"]
+        if not (arm.startswith("k") and arm[1:].isdigit()):
+            continue
+        for cell in window["cells"]["cells"]:
+            if int(cell[0]) == int(arm[1:]):
+                _add(sums, (int(cell[0]), int(cell[1]), int(cell[2])), cell)
+    return sums
+
+
+def compare(raw: Row) -> list[Row]:
+    out = []
+    parts = sorted({w["part"] for w in raw["windows"] if w["part"].endswith("-daemon")})
+    for part in parts:
+        load = part.removesuffix("-daemon")
+        bursts = burst_sums(w for w in raw["windows"] if w["part"] == part)
+        arms = arm_sums(w for w in raw["windows"] if w["part"] == f"{load}-arms")
+        for key, (steps, seconds, tokens) in sorted(bursts.items()):
+            own = arms.get(key)
+            if steps < MIN_BURST_STEPS or own is None or own[0] < MIN_ARM_STEPS:
+                continue
+            burst_ms, arm_ms = 1000 * seconds / steps, 1000 * own[1] / own[0]
+            out.append({
+                "load": load, "k": key[0], "cell": [key[1], key[2]],
+                "burst_steps": int(steps), "burst_ms": round(burst_ms, 2),
+                "burst_tokens_per_step": round(tokens / steps, 1),
+                "arm_steps": int(own[0]), "arm_ms": round(arm_ms, 2),
+                "arm_tokens_per_step": round(own[2] / own[0], 1),
+                "ratio": round(burst_ms / arm_ms, 3),
+            })  # fmt: skip
+    return out
+
+
+def daemon_view(raw: Row, part: str, batch: int) -> list[Row]:
+    """The estimator's T_hat per k at ``batch`` after each of the part's windows."""
+    pool = make_pool(load_profile(ROOT / raw["meta"]["daemon"]["profile"]), None)
+    settings = StepTimeSettings()
+    estimator = StepTimeEstimator(
+        StepTimeLayout(pool.step_times, pool.step_times.max_batch, off_graph=pool.off_graph)
+    )
+    params = StepTimeParams(**settings.model_dump(exclude={"enabled", "shift"}))
+    out, elapsed = [], 0.0
+    for window in raw["windows"]:
+        if window["part"] != part:
+            continue
+        elapsed += window["wall_s"]
+        cells = cells_from_wire(window["cells"])[0]
+        estimator.add(cells, elapsed, half_life_s=settings.half_life_s, shift=settings.shift)
+        estimate = estimator.estimate(params, prior_sigma=pool.relative_sigma)
+        column = next(j for j, (low, high) in enumerate(estimate.cells) if low <= batch <= high)
+        out.append({
+            "after_s": round(elapsed, 1),
+            "table": window["view"]["table"],
+            "neighbour_ks": window["view"]["neighbour_ks"],
+            "per_k": {
+                str(k): {
+                    "t_hat_ms": round(estimate.step_times.at(batch, k), 2),
+                    "relative_sigma": round(float(estimate.relative_sigma[i, batch - 1]), 3),
+                    "live_steps": round(float(estimate.steps[i, column]), 1),
+                }
+                for i, k in enumerate(estimate.ks)
+            },
+        })  # fmt: skip
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw", nargs="+", help="eval_traffic.py raw runs of blocks")
+    parser.add_argument("--view", help="PART:B, the daemon part and load to replay the view of")
+    parser.add_argument("--view-raw", help="the raw run holding --view's part")
+    parser.add_argument("--out", default=str(ROOT / "bench/results/burst_vs_run_h200.json"))
+    args = parser.parse_args()
+    pairs = []
+    for path in args.raw:
+        for row in compare(json.loads(Path(path).read_text())):
+            pairs.append({"raw": Path(path).name, **row})
+    ratios = [p["ratio"] for p in pairs]
+    result: Row = {
+        "what": __doc__.split("\n\n")[0].replace("\n", " "),
+        "burst_share": BURST_SHARE,
+        "pairs": pairs,
+        "ratio_median": statistics.median(ratios) if ratios else None,
+        "ratio_range": [min(ratios), max(ratios)] if ratios else None,
+    }
+    if args.view:
+        if not args.view_raw:
+            parser.error("--view needs --view-raw")
+        part, batch = args.view.rsplit(":", 1)
+        raw = json.loads(Path(args.view_raw).read_text())
+        result["daemon_view"] = {
+            "raw": Path(args.view_raw).name,
+            "part": part,
+            "batch": int(batch),
+            "windows": daemon_view(raw, part, int(batch)),
+        }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    for p in pairs:
+        print(
+            f"{p['raw'][:48]:48} {p['load']:18} k={p['k']} {p['burst_ms']:6.2f} ms in "
+            f"bursts ({p['burst_steps']}) vs {p['arm_ms']:6.2f} as an arm: {p['ratio']:.2f}"
+        )
+    print(f"median {result['ratio_median']}, range {result['ratio_range']}; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
