@@ -50,7 +50,13 @@ STEP_NOISE = 0.6
 
 
 def run_once(
-    load: int, seed: int, z: float, noise: float, horizon_s: float, workdir: Path
+    load: int,
+    seed: int,
+    z: float,
+    noise: float,
+    horizon_s: float,
+    interval_s: float,
+    workdir: Path,
 ) -> dict[str, Any]:
     rig = Rig(
         SERVING,
@@ -61,7 +67,7 @@ def run_once(
             "step_noise": noise,
             "load": ConstantLoad(kind="constant", batch_size=load),
         },
-        LOOP__INTERVAL_S=str(INTERVAL_S),
+        LOOP__INTERVAL_S=str(interval_s),
         PLUGIN__NEIGHBOUR_DROP_Z=str(z),
     )
     replica = next(iter(rig.replicas.values()))
@@ -72,7 +78,7 @@ def run_once(
     start = rig.sim_s
     while rig.sim_s - start < horizon_s - 1e-9:
         rig.controller.run_cycle()
-        rig.wall.t += INTERVAL_S
+        rig.wall.t += interval_s
     truth = replica.truth(last=0)
     engine = replica.engine
     k_at_load = next(k for low, high, k in truth["table"] if low <= load <= high)
@@ -96,12 +102,23 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def result_name(horizon_s: float, interval_s: float) -> str:
+    """burst_drop_sim[_<horizon>s][_cycle<interval>s]: the defaults leave the name bare."""
+    name = "burst_drop_sim"
+    if horizon_s != HORIZON_S:
+        name += f"_{horizon_s:g}s"
+    if interval_s != INTERVAL_S:
+        name += f"_cycle{interval_s:g}s"
+    return name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--step-noise", type=float, default=STEP_NOISE)
     parser.add_argument("--horizon-s", type=float, default=HORIZON_S)
+    parser.add_argument("--interval-s", type=float, default=INTERVAL_S, help="the daemon's cycle")
     args = parser.parse_args()
     quiet()
     loads = QUICK_LOADS if args.quick else LOADS
@@ -118,6 +135,7 @@ def main() -> None:
                         z,
                         args.step_noise,
                         args.horizon_s,
+                        args.interval_s,
                         Path(tmp) / f"{load}-{z}-{s}",
                     )
                     for s in range(seeds)
@@ -130,13 +148,14 @@ def main() -> None:
         for z in ZS
     }
     write_result(
-        "burst_drop_sim" if args.horizon_s == HORIZON_S else f"burst_drop_sim_{args.horizon_s:g}s",
+        result_name(args.horizon_s, args.interval_s),
         {
             "meta": environment(),
             "scenario": SERVING,
             "profile": str(PROFILE.relative_to(ROOT)),
             "step_noise": args.step_noise,
             "horizon_s": args.horizon_s,
+            "interval_s": args.interval_s,
             "loads": list(loads),
             "seeds": seeds,
             "all_loads": everything,
