@@ -29,18 +29,14 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from bench.common import environment, write_result  # noqa: E402
-from bench.harness import ReplicaAdmin, Rig  # noqa: E402
 from bench.live_step_time_sim import (  # noqa: E402
     HORIZON_S,
     INTERVAL_S,
     PROFILE,
     SERVING,
-    WINDOW_S,
-    ExpectedScore,
+    daemon_at,
     quiet,
-    table_loss,
 )
-from tabletune.sim.scenario import ConstantLoad  # noqa: E402
 
 LOADS = (120, 128, 136, 144)
 QUICK_LOADS = (128, 144)
@@ -58,38 +54,25 @@ def run_once(
     interval_s: float,
     workdir: Path,
 ) -> dict[str, Any]:
-    rig = Rig(
-        SERVING,
-        PROFILE,
+    run = daemon_at(
+        load,
         workdir,
-        overrides={
-            "seed": seed,
-            "step_noise": noise,
-            "load": ConstantLoad(kind="constant", batch_size=load),
-        },
-        LOOP__INTERVAL_S=str(interval_s),
+        overrides={"seed": seed, "step_noise": noise},
+        horizon_s=horizon_s,
+        interval_s=interval_s,
         PLUGIN__NEIGHBOUR_DROP_Z=str(z),
     )
-    replica = next(iter(rig.replicas.values()))
-    admin = ReplicaAdmin(replica, rig.loop, rig.lock)
-    profile_table = replica.truth(last=0)["profile_table"]
-    admin.put_table(profile_table)
-    score = ExpectedScore(replica.engine)
-    start = rig.sim_s
-    while rig.sim_s - start < horizon_s - 1e-9:
-        rig.controller.run_cycle()
-        rig.wall.t += interval_s
-    truth = replica.truth(last=0)
-    engine = replica.engine
-    k_at_load = next(k for low, high, k in truth["table"] if low <= load <= high)
-    best_k = engine.best_k(load, engine.acceptance.at(engine.now), engine.shape())[0]
     return {
         "seed": seed,
-        "k_at_load": k_at_load,
-        "best_k": best_k,
-        "table_loss": table_loss(engine, truth["table"], load),
-        "measured_loss": score.loss(engine.now - WINDOW_S, engine.now),
+        "k_at_load": k_at(run["table_after"], load),
+        "best_k": k_at(run["oracle_table"], load),
+        "table_loss": run["table_loss"],
+        "measured_loss": run["measured_loss"],
     }
+
+
+def k_at(table: list[list[int]], load: int) -> int:
+    return next(k for low, high, k in table if low <= load <= high)
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:

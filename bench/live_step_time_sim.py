@@ -126,9 +126,21 @@ def table_loss(engine: EngineSim, table: Sequence[Sequence[int]], load: int, **a
 
 
 def daemon_at(
-    load: int, workdir: Path, scenario: str = SERVING, profile: Path = PROFILE
+    load: int,
+    workdir: Path,
+    scenario: str = SERVING,
+    profile: Path = PROFILE,
+    *,
+    overrides: dict[str, Any] | None = None,
+    horizon_s: float = HORIZON_S,
+    interval_s: float = INTERVAL_S,
+    **env: str,
 ) -> dict[str, Any]:
-    rig = Rig(scenario, profile, workdir, LOOP__INTERVAL_S=str(INTERVAL_S))
+    """The daemon (default settings but ``env``) for ``horizon_s`` at ``load`` from the
+    profile's table; ``overrides``: scenario fields replaced (``seed``, ``step_noise``)."""
+    rig = Rig(
+        scenario, profile, workdir, overrides=overrides, LOOP__INTERVAL_S=str(interval_s), **env
+    )
     replica = next(iter(rig.replicas.values()))
     replica.set_load(load)
     admin = ReplicaAdmin(replica, rig.loop, rig.lock)
@@ -137,11 +149,11 @@ def daemon_at(
     score = ExpectedScore(replica.engine)
     start = rig.sim_s
     history: list[tuple[float, int]] = []
-    while rig.sim_s - start < HORIZON_S - 1e-9:
+    while rig.sim_s - start < horizon_s - 1e-9:
         rig.controller.run_cycle()
         truth = replica.truth(last=0)
         history.append((round(rig.sim_s - start, 1), truth["current"].get("table_k")))
-        rig.wall.t += INTERVAL_S
+        rig.wall.t += interval_s
     truth = replica.truth(last=0)
     engine = replica.engine
     end = engine.now
