@@ -1,5 +1,7 @@
-"""When directed bursts give up on a k, on the emulator: the decision's one standard error
-against two (``PLUGIN__NEIGHBOUR_DROP_Z``). Writes bench/results/burst_drop_sim.json.
+"""Near-ties on noisy steps, on the emulator: directed bursts giving up on a k at one standard
+error (the default) or two (``PLUGIN__NEIGHBOUR_DROP_Z``), and trials (``DECISION__TRIALS``: a k
+only bursts measured, put in as the table's k at the load's cell so it is judged on a run of
+its own). Writes bench/results/burst_drop_sim.json.
 
 On the H200 (issue 16, decode-heavy B≈127) k=2's few burst steps came out 27 % slower than its
 own arm ran, one standard error of optimism left it behind k=1, the bursts stopped and the
@@ -8,8 +10,8 @@ same near-ties (B=120-144: k=2 best, k=1 6-11 % behind, k=3 running from the pro
 each step's time is drawn with a relative spread ``--step-noise`` (0.6: the H200 steps' standard
 deviation over their mean at that load). Per load, seed and z the daemon (default settings but
 z) runs HORIZON_S from the profile's table; scored as in live_step_time_sim.py: the final
-table's true loss at the load, and the loss of every step run over the last 30 s (bursts
-included: what exploring longer costs).
+table's true loss at the load, and the loss of every step run over the last 30 s (bursts and
+trials included: what exploring costs).
 
     .venv/bin/python bench/burst_drop_sim.py            # 4 loads x 8 seeds x 2 z (~15 min)
     .venv/bin/python bench/burst_drop_sim.py --quick    # 2 loads x 3 seeds
@@ -41,14 +43,23 @@ from bench.live_step_time_sim import (  # noqa: E402
 LOADS = (120, 128, 136, 144)
 QUICK_LOADS = (128, 144)
 SEEDS = 8
-ZS = (1.0, 2.0)
+# The daemon's settings per arm: bursts dropping a k at one standard error (the default) or
+# two, and trials (DECISION__TRIALS: a k only bursts measured, within DECISION__TRIAL_Z
+# standard errors of winning (1.5 unless set), put in as the table's k at the load's cell).
+ARMS: dict[str, dict[str, str]] = {
+    "z=1": {"PLUGIN__NEIGHBOUR_DROP_Z": "1"},
+    "z=2": {"PLUGIN__NEIGHBOUR_DROP_Z": "2"},
+    "trials": {"DECISION__TRIALS": "true"},
+    "trials z=1": {"DECISION__TRIALS": "true", "DECISION__TRIAL_Z": "1"},
+    "trials z=2": {"DECISION__TRIALS": "true", "DECISION__TRIAL_Z": "2"},
+}
 STEP_NOISE = 0.6
 
 
 def run_once(
     load: int,
     seed: int,
-    z: float,
+    arm: dict[str, str],
     noise: float,
     horizon_s: float,
     interval_s: float,
@@ -60,7 +71,7 @@ def run_once(
         overrides={"seed": seed, "step_noise": noise},
         horizon_s=horizon_s,
         interval_s=interval_s,
-        PLUGIN__NEIGHBOUR_DROP_Z=str(z),
+        **arm,
     )
     return {
         "seed": seed,
@@ -109,26 +120,25 @@ def main() -> None:
     per_load: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for load in loads:
-            per_z = {}
-            for z in ZS:
+            per_arm = {}
+            for name, arm in ARMS.items():
                 runs = [
                     run_once(
                         load,
                         100 + s,
-                        z,
+                        arm,
                         args.step_noise,
                         args.horizon_s,
                         args.interval_s,
-                        Path(tmp) / f"{load}-{z}-{s}",
+                        Path(tmp) / f"{load}-{name}-{s}",
                     )
                     for s in range(seeds)
                 ]
-                per_z[f"z={z:g}"] = {"summary": summary(runs), "runs": runs}
-                print(f"B={load} z={z:g}: {per_z[f'z={z:g}']['summary']}", flush=True)
-            per_load[str(load)] = per_z
+                per_arm[name] = {"summary": summary(runs), "runs": runs}
+                print(f"B={load} {name}: {per_arm[name]['summary']}", flush=True)
+            per_load[str(load)] = per_arm
     everything = {
-        f"z={z:g}": summary([r for v in per_load.values() for r in v[f"z={z:g}"]["runs"]])
-        for z in ZS
+        name: summary([r for v in per_load.values() for r in v[name]["runs"]]) for name in ARMS
     }
     write_result(
         result_name(args.horizon_s, args.interval_s),

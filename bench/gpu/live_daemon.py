@@ -27,12 +27,13 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -165,14 +166,26 @@ class Run(StepTimeRun):
         await self.server.put(SETTINGS_PATH, {**STATIC, "step_timing": True})
 
 
+# A daemon setting in the environment: TABLETUNE_<GROUP>__<NAME> (the plugin's own variables,
+# TABLETUNE_SYNC_INTERVAL_S and the like, have no group).
+DAEMON_SETTING = re.compile(r"TABLETUNE_[A-Z]+__[A-Z_]+")
+
+
 def daemon_meta(args: argparse.Namespace) -> Row:
-    """How the daemon part ran: its cycle, length, prior and starting table."""
+    """How the daemon part ran: its cycle, length, prior and starting table, and the daemon
+    settings the job's environment changed (``TABLETUNE_DECISION__TRIALS=true``...)."""
     return {
         "cycle_s": args.daemon_cycle_s,
         "run_s": args.daemon_s,
         "profile": args.profile,
         "start_table": json.loads(args.start_table),
+        "settings_from_env": daemon_settings_from_env(os.environ),
     }
+
+
+def daemon_settings_from_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The daemon's settings (TABLETUNE_<GROUP>__<NAME>) set in the job's environment."""
+    return {key: value for key, value in sorted(environ.items()) if DAEMON_SETTING.match(key)}
 
 
 async def run(args: argparse.Namespace) -> int:

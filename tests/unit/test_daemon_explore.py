@@ -11,11 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tabletune.daemon.explore import exploration_ks, loaded_batches
-from tabletune.daemon.profiles import make_pool
+from tabletune.daemon.profiles import PoolProfile, make_pool
 from tabletune.daemon.setting_groups import PluginSettings, StepTimeSettings
-from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout, StepTimeParams
+from tabletune.daemon.step_time import (
+    StepTimeEstimate,
+    StepTimeEstimator,
+    StepTimeLayout,
+    StepTimeParams,
+)
 from tabletune.schemas.io import load_profile
-from tabletune.solver import StepTimes, dense_lookup
+from tabletune.solver import Range, StepTimes, dense_lookup
 from tabletune.step_cells import StepCellCounter, cells_from_wire
 
 GRID = (1, 8, 16, 64, 128, 256)
@@ -155,8 +160,9 @@ H200_DECODE_HEAVY = (
 )
 
 
-def h200_daemon_exploration(z: float) -> tuple[int, ...]:
-    """The k worth bursts after the launch's B≈127 daemon part, on its recorded step cells."""
+def h200_daemon_state() -> tuple[StepTimeEstimate, PoolProfile, tuple[float, ...], list[Range]]:
+    """The daemon's estimate after the launch's B≈127 daemon part (its recorded step cells
+    through this checkout's estimator), its pool, the acceptance and the table it ran last."""
     raw = json.loads(H200_DECODE_HEAVY.read_text())
     pool = make_pool(load_profile(ROOT / raw["meta"]["daemon"]["profile"]), None)
     defaults = StepTimeSettings()
@@ -173,12 +179,19 @@ def h200_daemon_exploration(z: float) -> tuple[int, ...]:
         table = [tuple(r) for r in window["view"]["table"]]
     assert table is not None
     params = StepTimeParams(**defaults.model_dump(exclude={"enabled", "shift"}))
+    estimate = estimator.estimate(params, prior_sigma=pool.relative_sigma)
+    return estimate, pool, tuple(raw["meta"]["synthetic_rates"]), table
+
+
+def h200_daemon_exploration(z: float) -> tuple[int, ...]:
+    """The k worth bursts after the launch's B≈127 daemon part."""
+    estimate, pool, rates, table = h200_daemon_state()
     lookup = dense_lookup(table, 256, 3)
     assert lookup[127] == 1  # where the daemon settled
     return exploration_ks(
-        estimator.estimate(params, prior_sigma=pool.relative_sigma),
+        estimate,
         pool.step_times,
-        tuple(raw["meta"]["synthetic_rates"]),
+        rates,
         lookup,
         {127: 1.0},
         (0, 1, 2, 3),

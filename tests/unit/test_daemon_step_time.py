@@ -318,3 +318,28 @@ def test_a_shift_shows_within_a_cycle_of_slow_steps_and_only_at_the_running_k() 
     # The running k moved, over 150 steps: the cell's other k are measured afresh.
     estimator.add(_steps(1, [128], 1.6, repeat=150), now=2.0, half_life_s=1e9, shift=0.15)
     assert estimator.estimate(PARAMS).measured[3, col] == 0
+
+
+def test_only_the_busiest_k_of_a_cell_counts_as_run_and_a_shift_or_restart_forgets_it() -> None:
+    # A cycle of k=3 with k=2 bursts (40 of 540 steps): k=3 ran, k=2 only burst.
+    estimator = _estimator()
+    estimator.add(
+        {**_steps(3, [128], 1.0, repeat=500), **_steps(2, [128], 1.2, repeat=40)},
+        now=0.0,
+        half_life_s=1e9,
+        shift=0.15,
+    )
+    col = estimator.layout.cells.index((121, 128))
+    estimate = estimator.estimate(PARAMS)
+    assert estimate.ran[3, col] == pytest.approx(500) and estimate.ran[2, col] == 0
+    assert estimate.measured[2, col] == pytest.approx(40)
+    # The table moves to k=2 (a trial): now k=2 is the one that runs, k=3's runs are kept.
+    estimator.add(_steps(2, [128], 1.2, repeat=300), now=1.0, half_life_s=1e9, shift=0.15)
+    estimate = estimator.estimate(PARAMS)
+    assert estimate.ran[2, col] == pytest.approx(300) and estimate.ran[3, col] == pytest.approx(500)
+    # Longer prompts: k=2 runs 1.6x as long, what every k ran is forgotten, bar this cycle's.
+    estimator.add(_steps(2, [128], 1.92, repeat=300), now=2.0, half_life_s=1e9, shift=0.15)
+    estimate = estimator.estimate(PARAMS)
+    assert estimate.ran[3, col] == 0 and estimate.ran[2, col] == pytest.approx(300)
+    estimator.clear()
+    assert not estimator.estimate(PARAMS).ran.any()

@@ -35,6 +35,8 @@ class Decision:
     # Where the load runs, a k better by more than the stickiness was not taken because the
     # estimate's noise hid the gain: more evidence may clear it without moving the estimate.
     held_back: bool = False
+    # A k put in to be measured on its own run (daemon.trial): (k, batch size it was tried at).
+    trial: tuple[int, int] | None = None
 
     @property
     def edges_moved(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -47,12 +49,17 @@ class Decision:
 class Estimates:
     """What a decision is made from: step times (T_hat on a dense grid, or the profile), their
     relative uncertainty (rows follow ``step_times.ks``, columns B-1; None = exact), a_hat,
-    and where T_hat of a k rests on other k's live steps alone (same layout; None: nowhere)."""
+    and where T_hat of a k rests on other k's live steps alone (same layout; None: nowhere).
+    ``own_steps`` and ``run_steps`` (same layout; None: no live step time): each k's live steps
+    at the batch cell since its traffic last changed, all of them and those it ran as the
+    cell's main k (not in bursts)."""
 
     step_times: StepTimes
     rates: tuple[float, ...]
     relative_sigma: np.ndarray | None = None
     unproven: np.ndarray | None = None
+    own_steps: np.ndarray | None = None
+    run_steps: np.ndarray | None = None
 
 
 # The relative uncertainty given to an unproven k where it would replace the running k: no
@@ -68,8 +75,12 @@ def decide(
     settings: DecisionSettings,
     min_width: int = 1,
     force: bool = False,
+    before_trial: Sequence[Range] | None = None,
 ) -> Decision:
     """The table to run on this replica; ``force`` skips the gain threshold (restart).
+    ``before_trial``: a trial runs, and this is the table it replaced. The trial's k must then
+    win as any challenger would, against that table as the running one, and whatever the
+    solution is gets pushed (the trial's table is not the baseline it would hold on to).
 
     The running table is the baseline: a batch size keeps its k unless another is better by
     more than the estimate's uncertainty (``confidence_z`` standard errors), and no range is
@@ -92,7 +103,8 @@ def decide(
     except TableError as error:
         current = None
         current_problem = str(error)
-    baseline = _baseline(current, max_batch, view.num_speculative_tokens)
+    incumbent = before_trial if before_trial is not None else current
+    baseline = _baseline(incumbent, max_batch, view.num_speculative_tokens)
     sigma = _unproven_barred(estimates, baseline, max_batch)
     try:
         solution = solve(
@@ -136,6 +148,8 @@ def decide(
         return Decision(
             push=True, reason="current table uses unprofiled k", new=new, current=current
         )
+    if before_trial is not None:
+        return Decision(push=True, reason="trial ended", new=new, current=current, gain=gain)
     if force:
         return Decision(
             push=True,

@@ -16,6 +16,7 @@ from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.plan import PushTable, RollBack
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
+from tabletune.daemon.trial import Trial
 
 log = structlog.get_logger("tabletune.daemon")
 
@@ -101,7 +102,14 @@ class Outcomes:
             predicted_gain=decision.gain,
             reason=decision.reason,
         )
-        if self.settings.guard.enabled and old is not None:
+        # A trial is judged by the decision that follows it, on its own steps: a rollback
+        # would end it the same way, with an alert and a cooldown holding that decision back.
+        rt.trial = (
+            None
+            if decision.trial is None or old is None
+            else Trial(k=decision.trial[0], batch=decision.trial[1], before=tuple(old))
+        )
+        if self.settings.guard.enabled and old is not None and decision.trial is None:
             # Only samples of the table this push replaces: since the previous push, if recent.
             start = max(now - self.settings.guard.window_s, previous_push or 0.0)
             before = tuple(s for s in rt.history.until(now) if s.at > start)
@@ -120,6 +128,7 @@ class Outcomes:
         pending, verdict = effect.pending, effect.verdict
         back = [list(r) for r in pending.previous]
         rt.record.pushed, rt.record.previous = back, None
+        rt.trial = None
         rt.hold_until = now + self.settings.guard.cooldown_s
         self.metrics.rollbacks.labels(rt.replica).inc()
         self.metrics.set_table(rt.replica, pending.previous, view.version)

@@ -17,6 +17,7 @@ from tabletune.daemon.decide import Decision, Estimates, decide
 from tabletune.daemon.guard import PendingCheck, Verdict, judge
 from tabletune.daemon.runtime import ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
+from tabletune.daemon.trial import propose_trial, settle_due
 
 
 @dataclass(frozen=True)
@@ -150,14 +151,21 @@ def plan_replica(
         if verdict.outcome == "drop" and not dry_run:
             return ReplicaPlan((*effects, RollBack(rt.pending, verdict)), verdict=verdict)
     recheck = rt.held_back and inputs.now - rt.decided_at >= settings.decision.recheck_held_back_s
-    due = inputs.rates_moved or (
-        inputs.estimate_ready
-        and (
-            inputs.restart
-            or rt.needs_decision
-            or inputs.step_time_moved
-            or inputs.load_moved
-            or recheck
+    trial = None if inputs.restart else rt.trial
+    if trial is not None and not settle_due(trial, inputs.estimates, settings.decision.trial_steps):
+        return ReplicaPlan(tuple(effects), verdict=verdict)  # the trial runs on
+    due = (
+        trial is not None
+        or inputs.rates_moved
+        or (
+            inputs.estimate_ready
+            and (
+                inputs.restart
+                or rt.needs_decision
+                or inputs.step_time_moved
+                or inputs.load_moved
+                or recheck
+            )
         )
     )
     if not due:
@@ -171,7 +179,21 @@ def plan_replica(
         settings=settings.decision,
         min_width=min_range_width(settings),
         force=inputs.restart,
+        before_trial=None if trial is None else trial.before,
     )
+    if not decision.push and trial is None and settings.decision.trials:
+        decision = (
+            propose_trial(
+                estimates=inputs.estimates,
+                view=inputs.view,
+                load_weights=inputs.load_weights,
+                z=settings.decision.trial_z,
+                min_gain=settings.decision.min_gain,
+                trial_steps=settings.decision.trial_steps,
+                min_width=min_range_width(settings),
+            )
+            or decision
+        )
     if decision.push and decision.new is not None and not dry_run:
         effects.append(PushTable(decision))
     return ReplicaPlan(tuple(effects), decision=decision, verdict=verdict)

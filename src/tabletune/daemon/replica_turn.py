@@ -160,6 +160,7 @@ class ReplicaTurn:
         """What the planner sees, and the live/profile step-time ratio it decides on."""
         rt, unit, estimate = turn.rt, turn.unit, turn.estimate
         use_live = self.settings.step_time.enabled
+        columns = rt.step_time.layout.cell_of_batch  # each batch size's cell
         ratio = estimate.ratio if use_live else np.ones_like(estimate.ratio)
         step_time_moved, rates_moved = estimates_moved(
             rt, ratio, unit.rates, replan_change=self.settings.decision.replan_change
@@ -173,6 +174,8 @@ class ReplicaTurn:
                 rates=unit.rates,
                 relative_sigma=estimate.relative_sigma if use_live else rt.pool.relative_sigma,
                 unproven=estimate.unproven if use_live else None,
+                own_steps=estimate.measured[:, columns] if use_live else None,
+                run_steps=estimate.ran[:, columns] if use_live else None,
             ),
             load_weights=rt.loads.weights,
             rates_moved=turn.rebuilt and rates_moved,
@@ -291,6 +294,8 @@ class ReplicaTurn:
         rt.needs_decision = False
         rt.decided_ratio, rt.decided_rates = ratio, rates
         rt.decided_at, rt.held_back = now, decision.held_back
+        if decision.trial is None:  # a decision other than a trial's start settles any trial
+            rt.trial = None
         rt.decided_load = mean_load(rt.loads.weights)
         if decision.gain is not None:
             self.metrics.predicted_gain.labels(rt.replica).set(decision.gain)

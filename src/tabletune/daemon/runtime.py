@@ -13,6 +13,7 @@ from tabletune.daemon.loads import LoadTracker
 from tabletune.daemon.profiles import PoolProfile
 from tabletune.daemon.state import ReplicaRecord
 from tabletune.daemon.step_time import StepTimeEstimator
+from tabletune.daemon.trial import Trial
 
 
 @dataclass
@@ -37,6 +38,7 @@ class ReplicaRuntime:
     decided_at: float = 0.0
     decided_load: float | None = None  # the load-weighted mean batch size it weighed
     held_back: bool = False  # the last decision kept a gain out as noise: recheck it later
+    trial: Trial | None = None  # a trial in force (daemon.trial), until a decision settles it
 
 
 @dataclass

@@ -216,6 +216,23 @@ class DecisionSettings(_Group):
         description="decide again this long after a decision that kept a gain out as noise "
         "(evidence can clear it without moving the estimates past replan_change)",
     )
+    trials: bool = Field(
+        default=False,
+        description=(
+            "where only neighbour bursts measured a k that could beat the table's k at the "
+            "load, put it in for the load's batch cell so it is judged on a run of its own"
+        ),
+    )
+    trial_z: float = Field(
+        default=1.5,
+        ge=0,
+        description="a k is tried when, this many standard errors faster, it would win",
+    )
+    trial_steps: float = Field(
+        default=100.0,
+        gt=0,
+        description="steps a k ran as its cell's main k after which it counts as tried",
+    )
     first_sight_from_prior: bool = Field(
         default=True,
         description=(

@@ -84,6 +84,7 @@ class StepTimeEstimate:
     sigma: np.ndarray
     mean_tokens: np.ndarray  # nan without data
     measured: np.ndarray  # live steps since the cell's traffic last changed (not faded)
+    ran: np.ndarray  # of those, the steps it ran as the cell's busiest k (not in bursts)
     # Rows ks, columns B-1: the traffic there shifted, and T_hat rests on other k's live
     # steps since then more than on this k's own (fewer than the prior's weight w, while
     # another k of its graph kind has as many).
@@ -166,6 +167,7 @@ class StepTimeEstimator:
         self.sums = np.zeros((len(layout.ks), len(layout.cells), FIELDS))
         # Steps per (k, cell) since the cell's traffic last changed: they do not fade.
         self.measured = np.zeros((len(layout.ks), len(layout.cells)))
+        self.ran = np.zeros((len(layout.ks), len(layout.cells)))  # of those, as the busiest k
         self.shifted = np.zeros(len(layout.cells), dtype=bool)  # its traffic changed
         self.updated_at: float | None = None
 
@@ -193,6 +195,7 @@ class StepTimeEstimator:
             watched = self.measured.max(axis=0) >= SHIFT_MIN_STEPS
             blind = watched & (self.sums[..., 0].max(axis=0) < SHIFT_MIN_STEPS)
             self.measured[:, blind] = 0.0
+            self.ran[:, blind] = 0.0
             self.shifted[blind] = False
         self.updated_at = now if self.updated_at is None else max(now, self.updated_at)
         outside = 0
@@ -211,10 +214,13 @@ class StepTimeEstimator:
             if self._shifted(self.sums[row, col], fresh, shift):
                 self.sums[:, col] *= FORGET_ON_SHIFT
                 self.measured[:, col] = 0.0
+                self.ran[:, col] = 0.0
                 self.shifted[col] = True
         for where, fresh in rows:
             self.sums[where] += fresh
             self.measured[where] += fresh[0]
+        for col, (row, fresh) in running.items():
+            self.ran[row, col] += fresh[0]
         return outside
 
     @staticmethod
@@ -232,6 +238,7 @@ class StepTimeEstimator:
         """Forget live data (the engine restarted, possibly with other settings)."""
         self.sums[:] = 0.0
         self.measured[:] = 0.0
+        self.ran[:] = 0.0
         self.shifted[:] = False
 
     def estimate(
@@ -304,6 +311,7 @@ class StepTimeEstimator:
             sigma=sigma,
             mean_tokens=np.where(seen, self.sums[..., 3] / safe, np.nan),
             measured=self.measured.copy(),
+            ran=self.ran.copy(),
             unproven=(leaning & ~own)[:, columns],
         )
 

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tabletune.step_cells import CellTotals, cells_to_wire
-from tests.support.gpu_jobs import ROOT, load_gpu_module
+from tests.support.gpu_jobs import ROOT, eval_traffic_driver, load_gpu_module
 
 ARMS = ["k0", "k1", "k2", "k3", "documented", "measured", "daemon"]
 
@@ -628,3 +628,18 @@ def test_within_arms_a_figure_is_correlated_around_each_arms_median(report: Modu
     within = stalls["pearson_r_within_arms"]
     assert within["mean_step_ms"] == {"r": -1.0, "n": 6}
     assert within["gpu_utilization_pct"] == {"r": None, "n": 6}  # flat
+
+
+def test_the_daemon_settings_a_launch_changed_are_kept_in_its_meta() -> None:
+    eval_traffic_driver()  # loads live_daemon and what it imports by name
+    pick = sys.modules["live_daemon"].daemon_settings_from_env
+    environ = {
+        "TABLETUNE_DECISION__TRIALS": "true",
+        "TABLETUNE_PLUGIN__NEIGHBOUR_DROP_Z": "2",
+        "TABLETUNE_SYNC_INTERVAL_S": "0.05",  # the plugin's, not the daemon's
+        "PATH": "/usr/bin",
+    }
+    assert pick(environ) == {
+        "TABLETUNE_DECISION__TRIALS": "true",
+        "TABLETUNE_PLUGIN__NEIGHBOUR_DROP_Z": "2",
+    }
