@@ -153,10 +153,27 @@ def test_a_trial_only_ever_changes_the_loads_cell_to_an_allowed_k_that_could_win
     assert tau(RATES, k) / hopeful > tau(RATES, before[load]) / ms[before[load]]
 
 
+TRIAL_TABLE = [[1, 120, 3], [121, 128, 2], [129, 168, 2], [169, 256, 1]]
+
+
+def _trial(started_at: float = 0.0) -> Trial:
+    before = tuple(tuple(r) for r in AFTER_MOVE)
+    return Trial(k=2, batch=LOAD, before=before, started_at=started_at)  # type: ignore[arg-type]
+
+
 def test_a_trial_is_settled_once_its_k_ran_enough_steps() -> None:
-    trial = Trial(k=2, batch=LOAD, before=tuple(tuple(r) for r in AFTER_MOVE))  # type: ignore[misc]
-    assert not settle_due(trial, _estimates(H200_LIKE, ran={2: 40}), trial_steps=100)
-    assert settle_due(trial, _estimates(H200_LIKE, ran={2: 140}), trial_steps=100)
+    view = _view(TRIAL_TABLE)
+    few, enough = _estimates(H200_LIKE, ran={2: 40}), _estimates(H200_LIKE, ran={2: 140})
+    assert not settle_due(_trial(), few, view, now=10.0, trial_steps=100, max_s=60)
+    assert settle_due(_trial(), enough, view, now=10.0, trial_steps=100, max_s=60)
+
+
+def test_a_trial_that_cannot_run_its_steps_is_settled_anyway() -> None:
+    few = _estimates(H200_LIKE, ran={2: 40})
+    # The table was changed under it: its k no longer runs there.
+    assert settle_due(_trial(), few, _view(AFTER_MOVE), now=10.0, trial_steps=100, max_s=60)
+    # The load left its cell: its k gets no steps; the wait is bounded.
+    assert settle_due(_trial(), few, _view(TRIAL_TABLE), now=61.0, trial_steps=100, max_s=60)
 
 
 SETTLE = load_settings({}).decision
@@ -165,7 +182,7 @@ SETTLE = load_settings({}).decision
 def test_a_trial_that_proved_itself_stays() -> None:
     # k=2 ran at 13.6 ms on its own: 2.30 / 13.6 = 0.169 against k=1's 0.158, beyond the noise.
     # (Flat step times make k=2 best everywhere: the settling decision may reshape the rest.)
-    trial_table = [[1, 120, 3], [121, 128, 2], [129, 168, 2], [169, 256, 1]]
+    trial_table = TRIAL_TABLE
     estimates = _estimates({**H200_LIKE, 2: 13.6}, sigma=0.02)
     decision = decide(
         estimates=estimates,
@@ -180,7 +197,7 @@ def test_a_trial_that_proved_itself_stays() -> None:
 def test_a_trial_within_the_noise_gives_the_table_back() -> None:
     # k=2 on its own run 2 % ahead of k=1, with 5 % uncertainty: not beyond the noise, so the
     # table it replaced comes back, though k=2 would hold on as the running k.
-    trial_table = [[1, 120, 3], [121, 128, 2], [129, 168, 2], [169, 256, 1]]
+    trial_table = TRIAL_TABLE
     estimates = _estimates({**H200_LIKE, 2: 14.3}, sigma=0.05)
     settled = decide(
         estimates=estimates,
@@ -231,8 +248,7 @@ def _plan_inputs(estimates: Estimates, view: TableView, **due: bool) -> PlanInpu
 
 def test_the_planner_lets_a_trial_run_then_settles_it() -> None:
     settings = load_settings({"TABLETUNE_DECISION__TRIALS": "true"})
-    trial_table = [[1, 120, 3], [121, 128, 2], [129, 168, 2], [169, 256, 1]]
-    trial = Trial(k=2, batch=LOAD, before=tuple(tuple(r) for r in AFTER_MOVE))  # type: ignore[misc]
+    trial_table, trial = TRIAL_TABLE, _trial(started_at=10_000.0 - 5.0)
     running = _estimates({**H200_LIKE, 2: 14.3}, sigma=0.05, own={2: 50}, ran={2: 50})
     plan = plan_replica(
         _runtime(trial=trial),

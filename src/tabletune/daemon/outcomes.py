@@ -107,7 +107,9 @@ class Outcomes:
         rt.trial = (
             None
             if decision.trial is None or old is None
-            else Trial(k=decision.trial[0], batch=decision.trial[1], before=tuple(old))
+            else Trial(
+                k=decision.trial[0], batch=decision.trial[1], before=tuple(old), started_at=now
+            )
         )
         if self.settings.guard.enabled and old is not None and decision.trial is None:
             # Only samples of the table this push replaces: since the previous push, if recent.

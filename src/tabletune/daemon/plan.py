@@ -152,7 +152,14 @@ def plan_replica(
             return ReplicaPlan((*effects, RollBack(rt.pending, verdict)), verdict=verdict)
     recheck = rt.held_back and inputs.now - rt.decided_at >= settings.decision.recheck_held_back_s
     trial = None if inputs.restart else rt.trial
-    if trial is not None and not settle_due(trial, inputs.estimates, settings.decision.trial_steps):
+    if trial is not None and not settle_due(
+        trial,
+        inputs.estimates,
+        inputs.view,
+        now=inputs.now,
+        trial_steps=settings.decision.trial_steps,
+        max_s=settings.decision.trial_max_s,
+    ):
         return ReplicaPlan(tuple(effects), verdict=verdict)  # the trial runs on
     due = (
         trial is not None

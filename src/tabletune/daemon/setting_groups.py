@@ -233,6 +233,11 @@ class DecisionSettings(_Group):
         gt=0,
         description="steps a k ran as its cell's main k after which it counts as tried",
     )
+    trial_max_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a trial is settled after this long even if its k ran fewer steps",
+    )
     first_sight_from_prior: bool = Field(
         default=True,
         description=(

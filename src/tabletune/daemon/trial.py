@@ -14,7 +14,8 @@ evidence: docs/daemon.md); when it has
 burst steps of its own there (``MEASURED_STEPS``: without them the bursts come first); and when
 it has not run as the cell's main k for ``trial_steps`` steps since the traffic there changed
 (so a k tried is not tried again until then). The trial sets k over c alone. Once it has run
-``trial_steps`` steps there, the next decision settles it (``settle_due``): the trial's k must
+``trial_steps`` steps there (or ``max_s`` passed: the load left, the table was changed), the
+next decision settles it (``settle_due``): the trial's k must
 beat the table it replaced as any challenger must beat the running k (beyond the noise), or
 that table comes back. A trial does not hold on to its k through a tie.
 """
@@ -30,26 +31,45 @@ from tabletune.admin.protocol import TableView
 from tabletune.daemon.decide import Decision, Estimates
 from tabletune.daemon.step_time import MEASURED_STEPS
 from tabletune.schemas.table import Range, TableError, normalize_ranges
-from tabletune.solver import dense_lookup, ranges_from_lookup, tau
+from tabletune.solver import SolverError, dense_lookup, ranges_from_lookup, tau
 from tabletune.step_cells import cell_of
 
 
 @dataclass(frozen=True)
 class Trial:
-    """A trial in force: its k, the batch size it was tried at, the table it replaced."""
+    """A trial in force: its k, the batch size it was tried at, the table it replaced, when."""
 
     k: int
     batch: int
     before: tuple[Range, ...]
+    started_at: float
 
 
-def settle_due(trial: Trial, estimates: Estimates, trial_steps: float) -> bool:
-    """Whether the trial's k has run enough steps of its own to be judged."""
+def settle_due(
+    trial: Trial,
+    estimates: Estimates,
+    view: TableView,
+    *,
+    now: float,
+    trial_steps: float,
+    max_s: float,
+) -> bool:
+    """Whether the trial is to be judged: its k ran ``trial_steps`` steps of its own, or it can
+    no longer (the table no longer runs it there, the load left) and ``max_s`` bounds the wait."""
     ran = estimates.run_steps
     rows = {k: i for i, k in enumerate(estimates.step_times.ks)}
     if ran is None or trial.k not in rows or trial.batch > ran.shape[1]:
         return True  # nothing can tell it apart: settle at once
-    return bool(ran[rows[trial.k], trial.batch - 1] >= trial_steps)
+    try:
+        table = normalize_ranges(view.table)
+        running = dense_lookup(table, trial.batch, view.num_speculative_tokens)[trial.batch]
+    except (TableError, SolverError):
+        return True  # no table to read it from: settle
+    return (
+        running != trial.k
+        or now - trial.started_at >= max_s
+        or bool(ran[rows[trial.k], trial.batch - 1] >= trial_steps)
+    )
 
 
 def propose_trial(
