@@ -64,6 +64,10 @@ DEFAULTS = {
         "confidence_z": 1.0,
         "replan_change": 0.02,
         "recheck_held_back_s": 30.0,
+        "trials": False,
+        "trial_z": 1.5,
+        "trial_steps": 100.0,
+        "trial_max_s": 60.0,
         "first_sight_from_prior": True,
     },
     "plugin": {
