@@ -14,7 +14,13 @@ from tabletune.admin.client import AdminRequest, StateAdminClient
 from tabletune.admin.protocol import EngineIdentity, SettingsPut, TablePut, TableView
 from tabletune.admin.state import TableState
 from tabletune.daemon.counters import mean_batch_of
+from tabletune.daemon.guard import GoodputHistory
+from tabletune.daemon.loads import LoadTracker
 from tabletune.daemon.observation import Observation, SourceResult
+from tabletune.daemon.profiles import PoolProfile
+from tabletune.daemon.runtime import ReplicaRuntime
+from tabletune.daemon.state import ReplicaRecord
+from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout
 from tabletune.errors import TemporaryError
 from tabletune.schemas import Profile
 from tabletune.schemas.acceptance import AcceptanceProfile
@@ -229,3 +235,20 @@ class ModelSource:
                 name: "scrape failed: connection refused" for name in self.missing - self.removed
             },
         )
+
+
+def replica_runtime(pool: PoolProfile, *, load: int, **changes: object) -> ReplicaRuntime:
+    """A replica's memory for the planner: all load at ``load``, no decision pending."""
+    rt = ReplicaRuntime(
+        replica="r1",
+        admin_url="r1",
+        pool=pool,
+        record=ReplicaRecord(),
+        loads=LoadTracker(memory=0.8, weights={load: 1.0}),
+        history=GoodputHistory(keep_s=600),
+        step_time=StepTimeEstimator(StepTimeLayout(pool.step_times, 128)),
+        needs_decision=False,
+    )
+    for key, value in changes.items():
+        setattr(rt, key, value)
+    return rt

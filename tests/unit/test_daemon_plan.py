@@ -14,7 +14,6 @@ from tabletune.admin.protocol import EngineIdentity
 from tabletune.admin.state import TableState
 from tabletune.daemon.decide import Estimates, decide
 from tabletune.daemon.guard import GoodputHistory, GoodputSample, PendingCheck
-from tabletune.daemon.loads import LoadTracker
 from tabletune.daemon.plan import (
     PlanInputs,
     PushTable,
@@ -27,11 +26,9 @@ from tabletune.daemon.plan import (
 from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.runtime import ReplicaRuntime
 from tabletune.daemon.settings import load_settings
-from tabletune.daemon.state import ReplicaRecord
-from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout
 from tabletune.schemas.table import dense_lookup
 from tabletune.solver import StepTimes
-from tests.unit.daemon_fakes import small_profile
+from tests.unit.daemon_fakes import replica_runtime, small_profile
 
 POOL = make_pool(small_profile(), None)
 START = [[1, 8, 0], [9, 32, 1], [33, 64, 2], [65, 128, 3]]
@@ -52,19 +49,7 @@ def _view(exploration: int = 50, hysteresis: int = 2) -> object:
 
 
 def _runtime(**changes: object) -> ReplicaRuntime:
-    rt = ReplicaRuntime(
-        replica="r1",
-        admin_url="r1",
-        pool=POOL,
-        record=ReplicaRecord(),
-        loads=LoadTracker(memory=0.8, weights={40: 1.0}),
-        history=GoodputHistory(keep_s=600),
-        step_time=StepTimeEstimator(StepTimeLayout(POOL.step_times, 128)),
-        needs_decision=False,
-    )
-    for key, value in changes.items():
-        setattr(rt, key, value)
-    return rt
+    return replica_runtime(POOL, load=40, **changes)
 
 
 def _inputs(**changes: object) -> PlanInputs:

@@ -15,19 +15,16 @@ from hypothesis import strategies as st
 from tabletune import __version__
 from tabletune.admin.protocol import EngineIdentity, TableView
 from tabletune.admin.state import TableState
-from tabletune.daemon.decide import Estimates, decide
-from tabletune.daemon.guard import GoodputHistory
-from tabletune.daemon.loads import LoadTracker
+from tabletune.daemon.decide import Decision, Estimates, decide
 from tabletune.daemon.plan import PlanInputs, PushTable, plan_replica
 from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.runtime import ReplicaRuntime
 from tabletune.daemon.settings import load_settings
-from tabletune.daemon.state import ReplicaRecord
-from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout
+from tabletune.daemon.step_time import StepTimeLayout
 from tabletune.daemon.trial import Trial, propose_trial, settle_due
 from tabletune.schemas.table import dense_lookup
 from tabletune.solver import StepTimes, tau
-from tests.unit.daemon_fakes import small_profile
+from tests.unit.daemon_fakes import replica_runtime, small_profile
 from tests.unit.test_daemon_explore import h200_daemon_state
 
 KS = (0, 1, 2, 3)
@@ -179,58 +176,39 @@ def test_a_trial_that_cannot_run_its_steps_is_settled_anyway() -> None:
 SETTLE = load_settings({}).decision
 
 
+def _decide_on_trial(estimates: Estimates, *, settling: bool) -> Decision:
+    """The decision with the trial's table running; ``settling``: against the one it replaced."""
+    return decide(
+        estimates=estimates,
+        view=_view(TRIAL_TABLE),
+        load_weights={LOAD: 1.0},
+        settings=SETTLE,
+        before_trial=[tuple(r) for r in AFTER_MOVE] if settling else None,  # type: ignore[misc]
+    )
+
+
 def test_a_trial_that_proved_itself_stays() -> None:
     # k=2 ran at 13.6 ms on its own: 2.30 / 13.6 = 0.169 against k=1's 0.158, beyond the noise.
     # (Flat step times make k=2 best everywhere: the settling decision may reshape the rest.)
-    trial_table = TRIAL_TABLE
-    estimates = _estimates({**H200_LIKE, 2: 13.6}, sigma=0.02)
-    decision = decide(
-        estimates=estimates,
-        view=_view(trial_table),
-        load_weights={LOAD: 1.0},
-        settings=SETTLE,
-        before_trial=[tuple(r) for r in AFTER_MOVE],  # type: ignore[misc]
-    )
-    assert dense_lookup(decision.new or (), MAX_B, 3)[LOAD] == 2  # type: ignore[arg-type]
+    decision = _decide_on_trial(_estimates({**H200_LIKE, 2: 13.6}, sigma=0.02), settling=True)
+    assert dense_lookup(decision.new or (), MAX_B, 3)[LOAD] == 2
 
 
 def test_a_trial_within_the_noise_gives_the_table_back() -> None:
     # k=2 on its own run 2 % ahead of k=1, with 5 % uncertainty: not beyond the noise, so the
     # table it replaced comes back, though k=2 would hold on as the running k.
-    trial_table = TRIAL_TABLE
     estimates = _estimates({**H200_LIKE, 2: 14.3}, sigma=0.05)
-    settled = decide(
-        estimates=estimates,
-        view=_view(trial_table),
-        load_weights={LOAD: 1.0},
-        settings=SETTLE,
-        before_trial=[tuple(r) for r in AFTER_MOVE],  # type: ignore[misc]
-    )
+    settled = _decide_on_trial(estimates, settling=True)
     assert settled.push and settled.reason == "trial ended"
-    assert dense_lookup(settled.new or (), MAX_B, 3)[LOAD] == 1  # type: ignore[arg-type]
-    held = decide(
-        estimates=estimates, view=_view(trial_table), load_weights={LOAD: 1.0}, settings=SETTLE
-    )
-    assert not held.push
+    assert dense_lookup(settled.new or (), MAX_B, 3)[LOAD] == 1
+    assert not _decide_on_trial(estimates, settling=False).push
 
 
 POOL = make_pool(small_profile(), None)
 
 
 def _runtime(**changes: object) -> ReplicaRuntime:
-    rt = ReplicaRuntime(
-        replica="r1",
-        admin_url="r1",
-        pool=POOL,
-        record=ReplicaRecord(),
-        loads=LoadTracker(memory=0.8, weights={LOAD: 1.0}),
-        history=GoodputHistory(keep_s=600),
-        step_time=StepTimeEstimator(StepTimeLayout(POOL.step_times, 128)),
-        needs_decision=False,
-    )
-    for key, value in changes.items():
-        setattr(rt, key, value)
-    return rt
+    return replica_runtime(POOL, load=LOAD, **changes)
 
 
 def _plan_inputs(estimates: Estimates, view: TableView, **due: bool) -> PlanInputs:
