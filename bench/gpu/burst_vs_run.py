@@ -21,16 +21,21 @@ import json
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from tabletune.daemon.profiles import make_pool  # noqa: E402
+from tabletune.daemon.profiles import PoolProfile, make_pool  # noqa: E402
 from tabletune.daemon.setting_groups import StepTimeSettings  # noqa: E402
-from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout, StepTimeParams  # noqa: E402
+from tabletune.daemon.step_time import (  # noqa: E402
+    StepTimeEstimate,
+    StepTimeEstimator,
+    StepTimeLayout,
+    StepTimeParams,
+)
 from tabletune.schemas.io import load_profile  # noqa: E402
 from tabletune.step_cells import cells_from_wire  # noqa: E402
 
@@ -99,22 +104,29 @@ def compare(raw: Row) -> list[Row]:
     return out
 
 
-def daemon_view(raw: Row, part: str, batch: int) -> list[Row]:
-    """The estimator's T_hat per k at ``batch`` after each of the part's windows."""
+def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate, PoolProfile]]:
+    """The daemon part's windows fed in turn into this checkout's estimator (default step-time
+    settings, the part's prior): each window, the seconds so far and the estimate after it."""
     pool = make_pool(load_profile(ROOT / raw["meta"]["daemon"]["profile"]), None)
     settings = StepTimeSettings()
     estimator = StepTimeEstimator(
         StepTimeLayout(pool.step_times, pool.step_times.max_batch, off_graph=pool.off_graph)
     )
     params = StepTimeParams(**settings.model_dump(exclude={"enabled", "shift"}))
-    out, elapsed = [], 0.0
+    elapsed = 0.0
     for window in raw["windows"]:
         if window["part"] != part:
             continue
         elapsed += window["wall_s"]
         cells = cells_from_wire(window["cells"])[0]
         estimator.add(cells, elapsed, half_life_s=settings.half_life_s, shift=settings.shift)
-        estimate = estimator.estimate(params, prior_sigma=pool.relative_sigma)
+        yield window, elapsed, estimator.estimate(params, prior_sigma=pool.relative_sigma), pool
+
+
+def daemon_view(raw: Row, part: str, batch: int) -> list[Row]:
+    """The estimator's T_hat per k at ``batch`` after each of the part's windows."""
+    out = []
+    for window, elapsed, estimate, _pool in replayed(raw, part):
         column = next(j for j, (low, high) in enumerate(estimate.cells) if low <= batch <= high)
         out.append({
             "after_s": round(elapsed, 1),

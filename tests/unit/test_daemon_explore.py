@@ -11,17 +11,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tabletune.daemon.explore import exploration_ks, loaded_batches
-from tabletune.daemon.profiles import PoolProfile, make_pool
-from tabletune.daemon.setting_groups import PluginSettings, StepTimeSettings
+from tabletune.daemon.profiles import PoolProfile
+from tabletune.daemon.setting_groups import PluginSettings
 from tabletune.daemon.step_time import (
     StepTimeEstimate,
     StepTimeEstimator,
     StepTimeLayout,
     StepTimeParams,
 )
-from tabletune.schemas.io import load_profile
 from tabletune.solver import Range, StepTimes, dense_lookup
-from tabletune.step_cells import StepCellCounter, cells_from_wire
+from tabletune.step_cells import StepCellCounter
+from tests.support.gpu_jobs import load_gpu_module
 
 GRID = (1, 8, 16, 64, 128, 256)
 KS = (0, 1, 2, 3)
@@ -164,22 +164,10 @@ def h200_daemon_state() -> tuple[StepTimeEstimate, PoolProfile, tuple[float, ...
     """The daemon's estimate after the launch's B≈127 daemon part (its recorded step cells
     through this checkout's estimator), its pool, the acceptance and the table it ran last."""
     raw = json.loads(H200_DECODE_HEAVY.read_text())
-    pool = make_pool(load_profile(ROOT / raw["meta"]["daemon"]["profile"]), None)
-    defaults = StepTimeSettings()
-    estimator = StepTimeEstimator(
-        StepTimeLayout(pool.step_times, pool.step_times.max_batch, off_graph=pool.off_graph)
+    *_, (window, _, estimate, pool) = load_gpu_module("burst_vs_run").replayed(
+        raw, "decode-heavy-B128-daemon"
     )
-    elapsed, table = 0.0, None
-    for window in raw["windows"]:
-        if window["part"] != "decode-heavy-B128-daemon":
-            continue
-        elapsed += window["wall_s"]
-        cells = cells_from_wire(window["cells"])[0]
-        estimator.add(cells, elapsed, half_life_s=defaults.half_life_s, shift=defaults.shift)
-        table = [tuple(r) for r in window["view"]["table"]]
-    assert table is not None
-    params = StepTimeParams(**defaults.model_dump(exclude={"enabled", "shift"}))
-    estimate = estimator.estimate(params, prior_sigma=pool.relative_sigma)
+    table = [tuple(r) for r in window["view"]["table"]]
     return estimate, pool, tuple(raw["meta"]["synthetic_rates"]), table
 
 
