@@ -1,5 +1,6 @@
 """Neighbour bursts against running: what a k's burst steps took next to what the same k took as
-a fixed arm, at the same batch cell, in the same launch (eval_traffic.py runs of blocks).
+a fixed arm, at the same batch cell, in the same launch (eval_traffic.py runs of blocks), and
+the spread of single steps' times of every fixed arm (``arm_step_spreads``).
 
 In a daemon part's window a cell's k with under a third of the busiest k's steps is a burst
 (the plugin's bursts are 3 timed steps every 32); the fixed arms' windows of the same load give
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -43,18 +45,27 @@ Row = dict[str, Any]
 BURST_SHARE = 1 / 3  # a k with fewer steps than this share of its cell's busiest k: a burst
 MIN_BURST_STEPS = 20
 MIN_ARM_STEPS = 50
+MAX_VIEW_BATCH = 256  # the profiles' grid ends there
 
 
 def _add(sums: dict[Any, list[float]], key: Any, cell: list[float]) -> None:
-    steps, seconds, tokens = cell[3], cell[4], cell[6]
-    total = sums.setdefault(key, [0.0, 0.0, 0.0])
+    steps, seconds, seconds_sq, tokens = cell[3], cell[4], cell[5], cell[6]
+    total = sums.setdefault(key, [0.0, 0.0, 0.0, 0.0])
     total[0] += steps
     total[1] += seconds
     total[2] += tokens
+    total[3] += seconds_sq
+
+
+def _step_sd_ms(steps: float, seconds: float, seconds_sq: float) -> float:
+    """The standard deviation of single steps' times, in ms."""
+    mean = seconds / steps
+    return 1000 * math.sqrt(max(seconds_sq / steps - mean * mean, 0.0))
 
 
 def burst_sums(windows: Iterable[Row]) -> dict[tuple[int, int, int], list[float]]:
-    """(k, low, high) -> steps, seconds, tokens of the burst steps in a daemon part's windows."""
+    """(k, low, high) -> steps, seconds, tokens, seconds squared of the burst steps in a daemon
+    part's windows."""
     sums: dict[Any, list[float]] = {}
     for window in windows:
         by_cell: dict[tuple[int, int], list[list[float]]] = defaultdict(list)
@@ -88,7 +99,7 @@ def compare(raw: Row) -> list[Row]:
         load = part.removesuffix("-daemon")
         bursts = burst_sums(w for w in raw["windows"] if w["part"] == part)
         arms = arm_sums(w for w in raw["windows"] if w["part"] == f"{load}-arms")
-        for key, (steps, seconds, tokens) in sorted(bursts.items()):
+        for key, (steps, seconds, tokens, _sq) in sorted(bursts.items()):
             own = arms.get(key)
             if steps < MIN_BURST_STEPS or own is None or own[0] < MIN_ARM_STEPS:
                 continue
@@ -98,6 +109,7 @@ def compare(raw: Row) -> list[Row]:
                 "burst_steps": int(steps), "burst_ms": round(burst_ms, 2),
                 "burst_tokens_per_step": round(tokens / steps, 1),
                 "arm_steps": int(own[0]), "arm_ms": round(arm_ms, 2),
+                "arm_step_sd_ms": round(_step_sd_ms(own[0], own[1], own[3]), 2),
                 "arm_tokens_per_step": round(own[2] / own[0], 1),
                 "ratio": round(burst_ms / arm_ms, 3),
             })  # fmt: skip
@@ -121,6 +133,26 @@ def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate
         cells = cells_from_wire(window["cells"])[0]
         estimator.add(cells, elapsed, half_life_s=settings.half_life_s, shift=settings.shift)
         yield window, elapsed, estimator.estimate(params, prior_sigma=pool.relative_sigma), pool
+
+
+def arm_spreads(raw: Row) -> list[Row]:
+    """Per load, fixed k and batch cell: the mean and the spread of single steps' times."""
+    out = []
+    loads = sorted(
+        {w["part"].removesuffix("-arms") for w in raw["windows"] if w["part"].endswith("-arms")}
+    )
+    for load in loads:
+        arms = arm_sums(w for w in raw["windows"] if w["part"] == f"{load}-arms")
+        for (k, low, high), (steps, seconds, _tokens, seconds_sq) in sorted(arms.items()):
+            if steps < MIN_ARM_STEPS:
+                continue
+            mean_ms, sd_ms = 1000 * seconds / steps, _step_sd_ms(steps, seconds, seconds_sq)
+            out.append({
+                "load": load, "k": k, "cell": [low, high], "steps": int(steps),
+                "mean_ms": round(mean_ms, 2), "sd_ms": round(sd_ms, 2),
+                "sd_over_mean": round(sd_ms / mean_ms, 3),
+            })  # fmt: skip
+    return out
 
 
 def daemon_view(raw: Row, part: str, batch: int) -> list[Row]:
@@ -151,10 +183,11 @@ def main() -> int:
     parser.add_argument("--view-raw", help="the raw run holding --view's part")
     parser.add_argument("--out", default=str(ROOT / "bench/results/burst_vs_run_h200.json"))
     args = parser.parse_args()
-    pairs = []
+    pairs, spreads = [], []
     for path in args.raw:
-        for row in compare(json.loads(Path(path).read_text())):
-            pairs.append({"raw": Path(path).name, **row})
+        raw = json.loads(Path(path).read_text())
+        pairs += [{"raw": Path(path).name, **row} for row in compare(raw)]
+        spreads += [{"raw": Path(path).name, **row} for row in arm_spreads(raw)]
     ratios = [p["ratio"] for p in pairs]
     result: Row = {
         "what": __doc__.split("\n\n")[0].replace("\n", " "),
@@ -162,17 +195,23 @@ def main() -> int:
         "pairs": pairs,
         "ratio_median": statistics.median(ratios) if ratios else None,
         "ratio_range": [min(ratios), max(ratios)] if ratios else None,
+        "arm_step_spreads": spreads,
     }
     if args.view:
         if not args.view_raw:
             parser.error("--view needs --view-raw")
-        part, batch = args.view.rsplit(":", 1)
+        part, _, batch = args.view.rpartition(":")
+        if not part or not batch.isdigit() or not 1 <= int(batch) <= MAX_VIEW_BATCH:
+            parser.error(f"--view {args.view!r}: PART:B with B in 1..{MAX_VIEW_BATCH}")
         raw = json.loads(Path(args.view_raw).read_text())
+        windows = daemon_view(raw, part, int(batch))
+        if not windows:
+            parser.error(f"--view: {args.view_raw} has no window of part {part!r}")
         result["daemon_view"] = {
             "raw": Path(args.view_raw).name,
             "part": part,
             "batch": int(batch),
-            "windows": daemon_view(raw, part, int(batch)),
+            "windows": windows,
         }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     for p in pairs:

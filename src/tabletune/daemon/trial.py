@@ -2,9 +2,10 @@
 load runs, put that k in for the load's batch cell so that it is judged on a run of its own.
 
 A burst is three timed steps every 32, so a k the table does not run is known from a few
-draws of a step time that, under users' traffic, spreads as wide as its mean; on the H200 such
-an estimate stood 36 % over what the k ran at as a fixed arm, and the daemon kept a k 7 % worse
-(docs/results.md, "The miss at decode-heavy B≈127"). A run gives a k hundreds of steps a cycle.
+draws of a step time that, under users' traffic, spreads by half to two thirds of its mean; on
+the H200 such an estimate stood 36 % over what the k ran at as a fixed arm, and the daemon
+kept a k 7 % worse (docs/results.md, "The miss at decode-heavy B≈127"). A run gives a k
+hundreds of steps a cycle.
 
 At the heaviest loaded batch size b (cell c), a k is tried when its goodput, its T_hat taken
 ``z`` standard errors faster, beats the table's k there by more than ``min_gain`` (1.5: the
