@@ -7,14 +7,15 @@ On the H200 (issue 16, decode-heavy B≈127) k=2's few burst steps came out 27 %
 own arm ran, one standard error of optimism left it behind k=1, the bursts stopped and the
 daemon settled 7.2 % behind the best k. The emulator's ``serving-decode-heavy`` scenario has the
 same near-ties (B=120-144: k=2 best, k=1 6-11 % behind, k=3 running from the profile's table);
-each step's time is drawn with a relative spread ``--step-noise`` (0.6: the H200 steps' standard
-deviation over their mean at that load). Per load, seed and z the daemon (default settings but
-z) runs HORIZON_S from the profile's table; scored as in live_step_time_sim.py: the final
+each step's time is drawn with a relative spread ``--step-noise`` (0.6: the H200 fixed arms'
+steps spread 0.51-0.68 of their mean at that load, bench/results/burst_vs_run_h200.json). Per
+load, seed and arm (``ARMS``: default settings but the arm's) the daemon runs ``--horizon-s``
+from the profile's table; scored as in live_step_time_sim.py: the final
 table's true loss at the load, and the loss of every step run over the last 30 s (bursts and
 trials included: what exploring costs).
 
-    .venv/bin/python bench/burst_drop_sim.py            # 4 loads x 8 seeds x 2 z (~15 min)
-    .venv/bin/python bench/burst_drop_sim.py --quick    # 2 loads x 3 seeds
+    .venv/bin/python bench/burst_drop_sim.py --seeds 20  # 4 loads x 20 seeds x 5 arms (~2 min)
+    .venv/bin/python bench/burst_drop_sim.py --quick     # 2 loads x 3 seeds
 """
 
 from __future__ import annotations
@@ -114,6 +115,12 @@ def main() -> None:
     parser.add_argument("--horizon-s", type=float, default=HORIZON_S)
     parser.add_argument("--interval-s", type=float, default=INTERVAL_S, help="the daemon's cycle")
     args = parser.parse_args()
+    if args.seeds is not None and args.seeds < 1:
+        parser.error("--seeds must be at least 1")
+    if not (args.horizon_s > 0 and args.interval_s > 0):
+        parser.error("--horizon-s and --interval-s must be > 0")
+    if not 0 <= args.step_noise <= 1:
+        parser.error("--step-noise must be within 0..1 (the scenario's bound)")
     quiet()
     loads = QUICK_LOADS if args.quick else LOADS
     seeds = args.seeds or (3 if args.quick else SEEDS)
