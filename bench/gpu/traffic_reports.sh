@@ -44,3 +44,28 @@ report moe_decode_heavy_b192_blocks eval_traffic_moe_decode_heavy_b192_blocks_h2
 # shellcheck disable=SC2046
 report chat_like_b64_b128_blocks eval_traffic_chat_like_b64_b128_blocks_h200_20261201T0726Z.json \
   $(logs 20261201T0726Z)
+# Launches on an H200 x2 host, one job a GPU (bench/gpu/two_gpus.sh): each job's logs carry
+# both GPUs, and the report reads the job's own by the GPU its meta names.
+logs_x2() {  # STAMP GPU: the logs one job of a two-GPU launch kept (GPU: its index)
+  echo --gpu-clocks "$RAW/gpu_clocks_h200x2g$2_$1.csv" --gpu-index "$2" \
+    --host-load "$RAW/host_load_h200x2g$2_$1.csv" --gc-log "$RAW/gc_log_h200x2g$2_$1.txt"
+}
+# shellcheck disable=SC2046
+report decode_heavy_b128_b96_trials_blocks \
+  eval_traffic_decode_heavy_b128_b96_trials_blocks_h200_20261201T0954Z.json $(logs_x2 20261201T0954Z 0)
+# shellcheck disable=SC2046
+report long_context_b64_b16_blocks \
+  eval_traffic_long_context_b64_b16_blocks_h200_20261201T0954Z.json $(logs_x2 20261201T0954Z 1)
+# shellcheck disable=SC2046
+report chat_like_b16_shape_change_blocks \
+  eval_traffic_chat_like_b16_shape_change_blocks_h200_20261201T1003Z.json $(logs_x2 20261201T1003Z 0)
+# shellcheck disable=SC2046
+report decode_heavy_b160_b16_blocks \
+  eval_traffic_decode_heavy_b160_b16_blocks_h200_20261201T1003Z.json $(logs_x2 20261201T1003Z 1)
+# shellcheck disable=SC2046
+report chat_like_b160_b256_blocks \
+  eval_traffic_chat_like_b160_b256_blocks_h200_20261201T1011Z.json $(logs_x2 20261201T1011Z 0)
+# shellcheck disable=SC2046
+report decode_heavy_b256_long_context_b128_blocks \
+  eval_traffic_decode_heavy_b256_long_context_b128_blocks_h200_20261201T1011Z.json \
+  $(logs_x2 20261201T1011Z 1)
