@@ -68,6 +68,7 @@ DEFAULTS = {
         "trial_z": 1.5,
         "trial_steps": 100.0,
         "trial_max_s": 60.0,
+        "trial_retry_s": 600.0,
         "first_sight_from_prior": True,
     },
     "plugin": {

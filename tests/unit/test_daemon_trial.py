@@ -15,10 +15,14 @@ from hypothesis import strategies as st
 from tabletune import __version__
 from tabletune.admin.protocol import EngineIdentity, TableView
 from tabletune.admin.state import TableState
+from tabletune.daemon.alerts import AlertSink
+from tabletune.daemon.apply import Applied
 from tabletune.daemon.decide import Decision, Estimates, decide
+from tabletune.daemon.metrics import DaemonMetrics
+from tabletune.daemon.outcomes import Outcomes
 from tabletune.daemon.plan import PlanInputs, PushTable, plan_replica
 from tabletune.daemon.profiles import make_pool
-from tabletune.daemon.runtime import ReplicaRuntime
+from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
 from tabletune.daemon.settings import load_settings
 from tabletune.daemon.step_time import StepTimeLayout
 from tabletune.daemon.trial import Trial, propose_trial, settle_due
@@ -299,3 +303,47 @@ def test_on_the_emulator_trials_settle_a_near_tie_that_bursts_left_on_the_wrong_
         assert k_at(run["oracle_table"], 120) == 2
     assert runs["bursts"][-1] == 3
     assert runs["trials"][-1] == 2 and 1 in runs["trials"]
+
+
+def test_a_k_tried_lately_is_not_tried_again_when_a_shift_cleared_its_steps() -> None:
+    # On the H200 the shift check cleared the cell's run counts in steady traffic, and the same
+    # k were tried twice each within a minute; the retry window keeps a tried k out.
+    settings = load_settings({"TABLETUNE_DECISION__TRIALS": "true"})
+    cleared = _estimates(H200_LIKE, own={1: 600, 2: 60, 3: 700}, ran={1: 550, 3: 700})
+    inputs = _plan_inputs(cleared, _view(AFTER_MOVE), step_time_moved=True)
+    lately = settings.decision.trial_retry_s - 1.0
+    within = plan_replica(
+        _runtime(tried_at={(2, 121): inputs.now - lately}), inputs, settings=settings,
+        dry_run=False,
+    )  # fmt: skip
+    assert within.decision is not None and within.decision.trial is None
+    assert not any(isinstance(e, PushTable) for e in within.effects)
+    other_cell = plan_replica(
+        _runtime(tried_at={(2, 113): inputs.now - lately}), inputs, settings=settings,
+        dry_run=False,
+    )  # fmt: skip
+    assert other_cell.decision is not None and other_cell.decision.trial == (2, LOAD)
+    after = plan_replica(
+        _runtime(tried_at={(2, 121): inputs.now - settings.decision.trial_retry_s}),
+        inputs,
+        settings=settings,
+        dry_run=False,
+    )
+    assert after.decision is not None and after.decision.trial == (2, LOAD)
+
+
+def test_the_push_that_starts_a_trial_records_when_its_k_was_tried_there() -> None:
+    settings = load_settings({"TABLETUNE_DECISION__TRIALS": "true"})
+    sink = AlertSink(settings=settings.alerts, condition_ttl_s=60.0)
+    outcomes = Outcomes(settings, DaemonMetrics(), sink)
+    rt, view = _runtime(), _view(TRIAL_TABLE)
+    start = Decision(
+        push=True, reason="trial", new=tuple(map(tuple, TRIAL_TABLE)),  # type: ignore[arg-type]
+        current=tuple(map(tuple, AFTER_MOVE)), trial=(2, LOAD),  # type: ignore[arg-type]
+    )  # fmt: skip
+    outcomes.record(rt, Applied(view=view, done=[PushTable(start)]), 500.0, CycleReport(500.0))
+    assert rt.trial is not None and rt.trial.k == 2
+    assert rt.tried_at == {(2, 121): 500.0}
+    settled = replace(start, reason="trial ended", trial=None)
+    outcomes.record(rt, Applied(view=view, done=[PushTable(settled)]), 510.0, CycleReport(510.0))
+    assert rt.trial is None and rt.tried_at == {(2, 121): 500.0}

@@ -17,6 +17,7 @@ from tabletune.daemon.plan import PushTable, RollBack
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
 from tabletune.daemon.trial import Trial
+from tabletune.step_cells import cell_of
 
 log = structlog.get_logger("tabletune.daemon")
 
@@ -101,6 +102,7 @@ class Outcomes:
             new=decision.new,
             predicted_gain=decision.gain,
             reason=decision.reason,
+            trial=decision.trial,  # (k, batch size) when this push starts a trial
         )
         # A trial is judged by the decision that follows it, on its own steps: a rollback
         # would end it the same way, with an alert and a cooldown holding that decision back.
@@ -111,6 +113,8 @@ class Outcomes:
                 k=decision.trial[0], batch=decision.trial[1], before=tuple(old), started_at=now
             )
         )
+        if rt.trial is not None:
+            rt.tried_at[(rt.trial.k, cell_of(rt.trial.batch)[0])] = now
         if self.settings.guard.enabled and old is not None and decision.trial is None:
             # Only samples of the table this push replaces: since the previous push, if recent.
             start = max(now - self.settings.guard.window_s, previous_push or 0.0)

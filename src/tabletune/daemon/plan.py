@@ -198,6 +198,11 @@ def plan_replica(
                 min_gain=settings.decision.min_gain,
                 trial_steps=settings.decision.trial_steps,
                 min_width=min_range_width(settings),
+                recently_tried={
+                    key
+                    for key, at in rt.tried_at.items()
+                    if inputs.now - at < settings.decision.trial_retry_s
+                },
             )
             or decision
         )

@@ -39,6 +39,8 @@ class ReplicaRuntime:
     decided_load: float | None = None  # the load-weighted mean batch size it weighed
     held_back: bool = False  # the last decision kept a gain out as noise: recheck it later
     trial: Trial | None = None  # a trial in force (daemon.trial), until a decision settles it
+    # When each (k, first batch size of its cell) was last tried: not again within retry_s.
+    tried_at: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 @dataclass

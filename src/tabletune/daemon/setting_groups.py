@@ -238,6 +238,12 @@ class DecisionSettings(_Group):
         gt=0,
         description="a trial is settled after this long even if its k ran fewer steps",
     )
+    trial_retry_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="a k tried at a batch cell is not tried there again for this long, "
+        "even when a traffic shift has cleared what was measured of it",
+    )
     first_sight_from_prior: bool = Field(
         default=True,
         description=(

@@ -14,7 +14,10 @@ it; on the emulator's near-ties one did about as well and two tried k=0 and k=1 
 evidence: docs/daemon.md); when it has
 burst steps of its own there (``MEASURED_STEPS``: without them the bursts come first); and when
 it has not run as the cell's main k for ``trial_steps`` steps since the traffic there changed
-(so a k tried is not tried again until then). The trial sets k over c alone. Once it has run
+(so a k tried is not tried again until then), nor in the ``retry_s`` after a trial of it at c
+(``recently_tried``): on the H200 the shift check, which also clears those step counts, fired
+in steady traffic every 20-30 s and the same two k were tried twice each within a minute
+(docs/results.md, "Trials on the H200"). The trial sets k over c alone. Once it has run
 ``trial_steps`` steps there (or ``max_s`` passed: the load left, the table was changed), the
 next decision settles it (``settle_due``): the trial's k must
 beat the table it replaced as any challenger must beat the running k (beyond the noise), or
@@ -23,7 +26,7 @@ that table comes back. A trial does not hold on to its k through a tie.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,8 +85,10 @@ def propose_trial(
     min_gain: float,
     trial_steps: float,
     min_width: int = 1,
+    recently_tried: Collection[tuple[int, int]] = (),
 ) -> Decision | None:
-    """The trial to push, or None (nothing to try, or no room for it)."""
+    """The trial to push, or None (nothing to try, or no room for it). ``recently_tried``:
+    (k, the first batch size of its cell) tried within the retry window, not tried again."""
     own, ran = estimates.own_steps, estimates.run_steps
     if own is None or ran is None or not view.dynamic or view.table is None:
         return None
@@ -112,6 +117,8 @@ def propose_trial(
     for k in sorted(set(view.allowed_k) & set(rows) - {running}):
         i = rows[k]
         if own[i, batch - 1] < MEASURED_STEPS or ran[i, batch - 1] >= trial_steps:
+            continue
+        if (k, low) in recently_tried:
             continue
         hopeful_ms = step_times.at(batch, k) * max(1.0 - z * float(sigma[i, batch - 1]), 1e-9)
         promise = tau(rates, k) / hopeful_ms
