@@ -65,7 +65,10 @@ from gc_log import read_for_run  # noqa: E402
 from gpu_clocks import annotate, job_gpus, mean_of, read_clocks  # noqa: E402
 from host_load import annotate as annotate_host  # noqa: E402
 from host_load import read_host_load  # noqa: E402
-from live_daemon_report import replay  # noqa: E402  (this script's folder is first on sys.path)
+from live_daemon_report import (  # noqa: E402  (this script's folder is first on sys.path)
+    replay,
+    trial_at_stop,
+)
 from live_step_time_report import pooled, throughput  # noqa: E402
 
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE  # noqa: E402
@@ -197,14 +200,17 @@ def table_time_mix(table: list[list[int]], windows: list[Row]) -> dict[int, floa
 
 
 def tables_by_k_mix(meta: Row, windows: list[Row], best: str, arms: dict[str, Row],
-                    key: str) -> Row:  # fmt: skip
+                    key: str, standing: list[list[int]] | None = None) -> Row:  # fmt: skip
     """vLLM's documented table and the measured one priced by the k they would run here, run as
     arms or not: a table at one load is the fixed k it picks there (steps at a k not run are not
-    priced, their share given apart)."""
+    priced, their share given apart). ``standing``: the daemon's own table when its part ended
+    inside a trial (its arm then ran the trial's table), priced the same way."""
     tables = {"documented": [[s, min(e, MAX_NUM_SEQS), k] for s, e, k in DOCUMENTED_EAGLE_TABLE
                              if s <= MAX_NUM_SEQS]}  # fmt: skip
     if (meta.get("measured_table") or {}).get("ranges"):
         tables["measured"] = meta["measured_table"]["ranges"]
+    if standing is not None:
+        tables["daemon_standing"] = standing
     out = {}
     for name, table in tables.items():
         mix = table_time_mix(table, windows)
@@ -366,6 +372,15 @@ def stalls(lines: list[Row]) -> Row:
     }
 
 
+def trial_of_part(raw: Row, part: str) -> Row | None:
+    """The trial in force when the daemon part stopped: as the driver recorded it, or (runs
+    from before it did) read from the part's log tail. The daemon arm then ran its table."""
+    recorded = raw.get("daemon_trials_at_stop", {}).get(part)
+    if recorded is not None:
+        return dict(recorded)
+    return trial_at_stop(raw.get("daemon_log_tails", {}).get(part, []))
+
+
 def load_report(raw: Row, part: str) -> Row | None:
     windows = [w for w in raw["windows"] if w["part"] == f"{part}-arms"]
     if not windows:
@@ -376,6 +391,7 @@ def load_report(raw: Row, part: str) -> Row | None:
     fixed = {arm: arms[arm] for arm in FIXED if arm in arms}
     best = max(fixed, key=lambda arm: fixed[arm]["mean"])
     rounds = by_round(windows)
+    trial = trial_of_part(raw, f"{part}-daemon")
     planned_and_run = {"planned": raw["meta"].get("rounds"), "run": len(rounds)}
     per_block = raw["meta"].get("rounds_per_block", 1)
     blocks, left_out = whole_blocks(windows, per_block) if per_block > 1 else (None, 0)
@@ -458,7 +474,10 @@ def load_report(raw: Row, part: str) -> Row | None:
         "best_fixed_k_sign_test": best_identified(units, list(fixed), best, unit),
         "k_mix": mix,
         "k_time_mix": time_mix,
-        "tables_by_k_mix": tables_by_k_mix(raw["meta"], windows, best, arms, key),
+        "tables_by_k_mix": tables_by_k_mix(
+            raw["meta"], windows, best, arms, key, None if trial is None else trial["standing"]
+        ),
+        **({} if trial is None else {"daemon_trial_at_stop": trial}),
         **by_mix,
         "arms_running_one_and_the_same_k": alike,
         "arms": arms,

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
+from live_daemon_report import trial_at_stop
 from live_step_time import (  # this script's folder is first on sys.path
     SETTINGS_PATH,
     STATIC,
@@ -148,9 +149,16 @@ class Run(StepTimeRun):
                 daemon.kill()
             log.close()
         view = await self.server.view()
-        tail = log_path.read_text().splitlines()[-60:]
-        self.result.setdefault("daemon_log_tails", {})[part] = tail
-        return list(view["table"])
+        lines = log_path.read_text().splitlines()
+        self.result.setdefault("daemon_log_tails", {})[part] = lines[-60:]
+        # Stopped inside a trial, the engine keeps the trial's table: the daemon's own is the
+        # one the trial replaced (a trial lasts seconds; its cost shows in the part's windows).
+        trial = trial_at_stop(lines)
+        if trial is None:
+            return list(view["table"])
+        self.result.setdefault("daemon_trials_at_stop", {})[part] = {
+            **trial, "table_in_the_engine": view["table"]}  # fmt: skip
+        return [list(r) for r in trial["standing"]]
 
     async def overhead(self) -> None:
         await self.put_table(self.fixed_table(3))

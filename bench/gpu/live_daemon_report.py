@@ -45,6 +45,28 @@ def spread(values: list[float]) -> Row:
     return {"tokens_per_s": values, "mean": mean, "stdev": sd, "cv": sd / mean if mean else None}
 
 
+def trial_at_stop(log_lines: list[str]) -> Row | None:
+    """The trial in force when the daemon stopped, from its JSON log: the last table it pushed
+    started one (``trial`` set; logs from before that field: a reason "trial of ..."). Its
+    ``standing`` is the table the trial replaced, the one the daemon stood on; None when the
+    last push was no trial (or nothing was pushed)."""
+    last = None
+    for line in log_lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a line that is not one of its JSON events
+        if isinstance(event, dict) and event.get("event") == "table pushed":
+            last = event
+    if last is None or last.get("old") is None:
+        return None
+    started = last.get("trial") is not None or str(last.get("reason", "")).startswith("trial of ")
+    if not started:
+        return None
+    return {"trial": last.get("trial"), "reason": last.get("reason"), "table": last["new"],
+            "standing": last["old"]}  # fmt: skip
+
+
 def arm_windows(raw: Row, part: str, arm: str) -> list[Row]:
     return [w for w in raw["windows"] if w["part"] == part and w["arm"] == arm]
 

@@ -31,7 +31,8 @@ def load_gpu_module(name: str) -> ModuleType:
 
 def eval_traffic_driver() -> ModuleType:
     """bench/gpu/eval_traffic.py, after the modules it imports by name."""
-    for name in ("live_step_time_report", "traffic", "live_step_time", "live_daemon"):
+    for name in ("live_step_time_report", "traffic", "live_step_time", "live_daemon_report",
+                 "live_daemon"):  # fmt: skip
         load_gpu_module(name)
     return load_gpu_module("eval_traffic")
 
@@ -39,8 +40,7 @@ def eval_traffic_driver() -> ModuleType:
 def eval_traffic_report() -> ModuleType:
     """bench/gpu/eval_traffic_report.py, after the modules it imports by name."""
     eval_traffic_driver()
-    for name in ("live_daemon_report", "gpu_clocks", "gc_log", "host_logger", "host_load",
-                 "eval_traffic_paired"):  # fmt: skip
+    for name in ("gpu_clocks", "gc_log", "host_logger", "host_load", "eval_traffic_paired"):
         load_gpu_module(name)
     return load_gpu_module("eval_traffic_report")
 

@@ -643,3 +643,44 @@ def test_the_daemon_settings_a_launch_changed_are_kept_in_its_meta() -> None:
         "TABLETUNE_DECISION__TRIALS": "true",
         "TABLETUNE_PLUGIN__NEIGHBOUR_DROP_Z": "2",
     }
+
+
+def _pushed(old: list[list[int]], new: list[list[int]], reason: str, **extra: Any) -> str:
+    return json.dumps({"event": "table pushed", "old": old, "new": new, "reason": reason, **extra})
+
+
+START_Q = [[1, 16, 3], [17, 32, 1], [33, 256, 0]]
+STANDING = [[1, 184, 3], [185, 256, 2]]
+TRIAL = [[1, 184, 3], [185, 192, 1], [193, 256, 2]]
+
+
+def test_a_daemon_stopped_inside_a_trial_stood_on_the_table_the_trial_replaced(
+    report: ModuleType,
+) -> None:
+    from live_daemon_report import trial_at_stop
+
+    settled = [_pushed(START_Q, STANDING, "predicted gain +9%"), "not json", '{"event": "x"}']
+    assert trial_at_stop(settled) is None
+    started = [*settled, _pushed(STANDING, TRIAL, "trial of k=1 at 185-192: ...", trial=[1, 190])]
+    assert trial_at_stop(started)["standing"] == STANDING
+    assert trial_at_stop(started)["table"] == TRIAL and trial_at_stop(started)["trial"] == [1, 190]
+    before_the_field = [*settled, _pushed(STANDING, TRIAL, "trial of k=1 at 185-192: ...")]
+    assert trial_at_stop(before_the_field)["standing"] == STANDING  # logs from before the field
+    ended = [*started, _pushed(TRIAL, STANDING, "trial ended")]
+    assert trial_at_stop(ended) is None
+    assert trial_at_stop([]) is None
+
+    part = "chat-like-B192"
+    rows = [window(f"{part}-daemon", "live", 9000.0, 1)]
+    for arm, tps, k in (("k1", 10000.0, 1), ("k2", 12000.0, 2), ("daemon", 10000.0, 1)) * 2:
+        rows.append(window(f"{part}-arms", arm, tps, k))
+    run = raw_run(rows, [{"part": part, "shape": "chat-like", "clients": 192}])
+    run["daemon_log_tails"] = {f"{part}-daemon": started}
+    load = report.report(run)["loads"][part]
+    assert load["daemon_trial_at_stop"]["standing"] == STANDING
+    standing = load["tables_by_k_mix"]["daemon_standing"]
+    assert standing["k_time_mix"] == {2: 1.0} and standing["loss_from_k_mix"] == 0.0
+    assert load["daemon_by_k_mix"]["loss_from_k_mix"] == pytest.approx(1 - 10000 / 12000, abs=1e-4)
+    run["daemon_log_tails"] = {f"{part}-daemon": ended}
+    load = report.report(run)["loads"][part]
+    assert "daemon_trial_at_stop" not in load and "daemon_standing" not in load["tables_by_k_mix"]
