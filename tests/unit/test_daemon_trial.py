@@ -24,6 +24,7 @@ from tabletune.daemon.plan import PlanInputs, PushTable, plan_replica
 from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
 from tabletune.daemon.settings import load_settings
+from tabletune.daemon.state import DaemonState, StateStore
 from tabletune.daemon.step_time import StepTimeLayout
 from tabletune.daemon.trial import Trial, propose_trial, settle_due
 from tabletune.schemas.table import dense_lookup
@@ -347,3 +348,25 @@ def test_the_push_that_starts_a_trial_records_when_its_k_was_tried_there() -> No
     settled = replace(start, reason="trial ended", trial=None)
     outcomes.record(rt, Applied(view=view, done=[PushTable(settled)]), 510.0, CycleReport(510.0))
     assert rt.trial is None and rt.tried_at == {(2, 121): 500.0}
+
+
+def test_a_trial_in_force_is_saved_and_a_restarted_daemon_settles_it(tmp_path: Path) -> None:
+    rt = _runtime()
+    rt.set_trial(_trial(started_at=9_000.0))
+    store = StateStore(tmp_path)
+    store.save(DaemonState(replicas={"r1": rt.record}))
+    saved, problem = store.load()
+    assert problem is None
+    restored = replace(_runtime(), record=saved.replicas["r1"])  # as the controller builds it
+    assert restored.trial == _trial(started_at=9_000.0)
+    # The restarted daemon's first plan settles it (60 s are long past): the table it replaced
+    # comes back unless the trial's k beat it beyond the noise.
+    settings = load_settings({"TABLETUNE_DECISION__TRIALS": "true"})
+    estimates = _estimates(H200_LIKE, own={1: 600, 2: 40, 3: 700}, ran={1: 550, 2: 40, 3: 700})
+    plan = plan_replica(
+        restored, _plan_inputs(estimates, _view(TRIAL_TABLE)), settings=settings, dry_run=False
+    )
+    assert plan.decision is not None and plan.decision.reason == "trial ended"
+    assert dense_lookup(plan.decision.new or (), MAX_B, 3)[LOAD] == 1
+    restored.set_trial(None)
+    assert restored.record.trial is None

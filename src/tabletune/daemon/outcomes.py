@@ -106,7 +106,7 @@ class Outcomes:
         )
         # A trial is judged by the decision that follows it, on its own steps: a rollback
         # would end it the same way, with an alert and a cooldown holding that decision back.
-        rt.trial = (
+        rt.set_trial(
             None
             if decision.trial is None or old is None
             else Trial(
@@ -134,7 +134,7 @@ class Outcomes:
         pending, verdict = effect.pending, effect.verdict
         back = [list(r) for r in pending.previous]
         rt.record.pushed, rt.record.previous = back, None
-        rt.trial = None
+        rt.set_trial(None)
         rt.hold_until = now + self.settings.guard.cooldown_s
         self.metrics.rollbacks.labels(rt.replica).inc()
         self.metrics.set_table(rt.replica, pending.previous, view.version)

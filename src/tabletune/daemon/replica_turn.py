@@ -295,7 +295,7 @@ class ReplicaTurn:
         rt.decided_ratio, rt.decided_rates = ratio, rates
         rt.decided_at, rt.held_back = now, decision.held_back
         if decision.trial is None:  # a decision other than a trial's start settles any trial
-            rt.trial = None
+            rt.set_trial(None)
         rt.decided_load = mean_load(rt.loads.weights)
         if decision.gain is not None:
             self.metrics.predicted_gain.labels(rt.replica).set(decision.gain)

@@ -11,7 +11,7 @@ from tabletune.daemon.decide import Decision
 from tabletune.daemon.guard import GoodputHistory, PendingCheck
 from tabletune.daemon.loads import LoadTracker
 from tabletune.daemon.profiles import PoolProfile
-from tabletune.daemon.state import ReplicaRecord
+from tabletune.daemon.state import ReplicaRecord, TrialRecord
 from tabletune.daemon.step_time import StepTimeEstimator
 from tabletune.daemon.trial import Trial
 
@@ -41,6 +41,20 @@ class ReplicaRuntime:
     trial: Trial | None = None  # a trial in force (daemon.trial), until a decision settles it
     # When each (k, first batch size of its cell) was last tried: not again within retry_s.
     tried_at: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        saved = self.record.trial
+        if self.trial is None and saved is not None:  # restored: the trial goes on
+            before = tuple((int(s), int(e), int(k)) for s, e, k in saved.before)
+            self.trial = Trial(saved.k, saved.batch, before, saved.started_at)
+
+    def set_trial(self, trial: Trial | None) -> None:
+        """The trial in force, kept in the saved record too."""
+        self.trial = trial
+        self.record.trial = None if trial is None else TrialRecord(
+            k=trial.k, batch=trial.batch, before=[list(r) for r in trial.before],
+            started_at=trial.started_at,
+        )  # fmt: skip
 
 
 @dataclass

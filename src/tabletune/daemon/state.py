@@ -35,6 +35,18 @@ class UnitRecord(BaseModel):
     rebuilds: int = Field(default=0, ge=0)
 
 
+class TrialRecord(BaseModel):
+    """A trial in force (daemon.trial): its k, the batch size it was tried at, the table it
+    replaced and when it started (wall-clock seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k: int = Field(ge=0)
+    batch: int = Field(ge=1)
+    before: list[list[int]]
+    started_at: float
+
+
 class ReplicaRecord(BaseModel):
     """The tables the daemon pushed to one replica."""
 
@@ -44,6 +56,9 @@ class ReplicaRecord(BaseModel):
     previous: list[list[int]] | None = None  # what ran before ``pushed`` (rollback target)
     version: int | None = None  # last version seen on the replica
     pushed_at: float | None = None
+    # A trial in force when the state was saved: a restarted daemon settles it instead of
+    # taking the trial's table for its own.
+    trial: TrialRecord | None = None
 
 
 class DaemonState(BaseModel):
