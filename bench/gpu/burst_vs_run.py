@@ -122,7 +122,12 @@ def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate
     pool = make_pool(load_profile(ROOT / raw["meta"]["daemon"]["profile"]), None)
     settings = StepTimeSettings()
     estimator = StepTimeEstimator(
-        StepTimeLayout(pool.step_times, pool.step_times.max_batch, off_graph=pool.off_graph)
+        StepTimeLayout(
+            pool.step_times,
+            pool.step_times.max_batch,
+            off_graph=pool.off_graph,
+            capture_limit=pool.capture_limit,
+        )
     )
     params = StepTimeParams(**settings.model_dump(exclude={"enabled", "shift"}))
     elapsed = 0.0

@@ -193,3 +193,50 @@ def test_h200_bursts_drop_the_k_one_slow_draw_put_behind_unless_z_is_raised() ->
     # the bursts (on the emulator two did not end on the best k more often: docs/daemon.md).
     assert 2 not in h200_daemon_exploration(z=PluginSettings().neighbour_drop_z)
     assert 2 in h200_daemon_exploration(z=2.0)
+
+
+H200_B254 = (
+    Path(__file__).resolve().parents[2]
+    / "bench/results/gpu_raw"
+    / "eval_traffic_decode_heavy_b256_long_context_b128_blocks_h200_20261201T1011Z.json"
+)
+
+
+def test_h200_b254_k1_is_not_taken_on_k0s_ratio_and_k0_comes_back_once_k3_ran() -> None:
+    # The launch's decode-heavy B≈254 daemon part through this checkout's estimator: k=0 ran
+    # on the graph at 281 tokens a step; k=1 (timed on the graph at 512) was taken at 22 ms on
+    # k=0's ratio and ran eager at 29 ms, 13 % behind k=0 (docs/results.md). Now nothing
+    # speaks for k=1 until its own steps do, and once k=3 (the first push, on the profile's
+    # eager time) has run, the daemon goes back to k=0, not on to k=1.
+    from tabletune import __version__
+    from tabletune.admin.protocol import EngineIdentity, TablePut
+    from tabletune.admin.state import TableState
+    from tabletune.daemon.decide import Estimates, decide
+    from tabletune.daemon.settings import load_settings
+
+    raw = json.loads(H200_B254.read_text())
+    rates = tuple(raw["meta"]["synthetic_rates"])
+    captured = TableState.initial(
+        raw["meta"]["speculative_config"]["num_speculative_tokens_per_batch_size"],
+        num_speculative_tokens=3,
+        max_num_seqs=256,
+    )
+    settings = load_settings({}).decision
+    k_at_254 = []
+    for window, _, estimate, _ in load_gpu_module("burst_vs_run").replayed(
+        raw, "decode-heavy-B256-daemon"
+    ):
+        state = captured.with_table(TablePut(table=window["view"]["table"]), if_match=None)
+        view = state.view(plugin_version=__version__, identity=EngineIdentity("0.26.0"))
+        decision = decide(
+            estimates=Estimates(estimate.step_times, rates, estimate.relative_sigma),
+            view=view,
+            load_weights={254: 1.0},
+            settings=settings,
+            min_width=5,
+        )
+        k_at_254.append((window["view"]["table"][-1][2], dense_lookup(decision.new, 256, 3)[254]))
+    # k=0 running (the first three windows): never k=1; k=3 running (the next three): k=0.
+    assert [new for _, new in k_at_254[:3]] == [3, 3, 3]
+    assert [running for running, _ in k_at_254[3:6]] == [3, 3, 3]
+    assert [new for _, new in k_at_254[4:6]] == [0, 0]

@@ -343,3 +343,65 @@ def test_only_the_busiest_k_of_a_cell_counts_as_run_and_a_shift_or_restart_forge
     assert estimate.ran[3, col] == 0 and estimate.ran[2, col] == pytest.approx(300)
     estimator.clear()
     assert not estimator.estimate(PARAMS).ran.any()
+
+
+# -- a k whose steps at this traffic leave the CUDA graph the profile timed it on ----------------
+
+LIMIT = 512  # the H200 engine's largest full graph, in tokens
+OFF_AT_256 = np.zeros((len(KS), len(GRID)), dtype=bool)
+OFF_AT_256[2:, GRID.index(256)] = True  # the profile timed k=2/3 eager at 256 (past 512)
+
+
+def _served(k: int, batch: int, factor: float, prefill: int, repeat: int) -> dict:
+    """Cells of ``repeat`` steps at ``batch`` carrying ``prefill`` prompt tokens each."""
+    counter = StepCellCounter()
+    for _ in range(repeat):
+        counter.record(
+            batch_size=batch, k=k, duration_s=factor * PROFILE.at(batch, k) / 1000.0,
+            tokens=batch * (1 + k) + prefill,
+        )  # fmt: skip
+    return counter.totals()
+
+
+def _served_estimator(limit: int | None = LIMIT) -> StepTimeEstimator:
+    return StepTimeEstimator(
+        StepTimeLayout(PROFILE, 256, off_graph=OFF_AT_256, capture_limit=limit)
+    )
+
+
+def test_a_k_that_would_leave_the_graph_borrows_nothing_from_the_k_on_it() -> None:
+    # The H200 at decode-heavy B≈254: k=0 runs at 256 + 25 tokens a step, on the graph; k=1,
+    # timed on the graph at 512, would hold 537 and run eager: nothing speaks for it yet.
+    estimator = _served_estimator()
+    estimator.add(_served(0, 256, 1.6, 25, 3000), now=0.0, half_life_s=1e9)
+    estimate = estimator.estimate(PARAMS)
+    t_hat = {k: estimate.step_times.at(256, k) for k in KS}
+    assert t_hat[0] == pytest.approx(1.6 * PROFILE.at(256, 0), rel=0.01)
+    assert t_hat[1] > 100 * PROFILE.at(256, 1)  # unknown: no table picks it
+    assert t_hat[2] == pytest.approx(PROFILE.at(256, 2))  # eager in the profile: as before
+    # Without the capture limit (older profiles) k=1 borrows k=0's ratio, as it did.
+    blind = _served_estimator(limit=None)
+    blind.add(_served(0, 256, 1.6, 25, 3000), now=0.0, half_life_s=1e9)
+    assert blind.estimate(PARAMS).step_times.at(256, 1) == pytest.approx(
+        1.6 * PROFILE.at(256, 1), rel=0.05
+    )
+
+
+def test_its_own_steps_speak_for_it_without_the_pull_toward_the_graphs_time() -> None:
+    estimator = _served_estimator()
+    estimator.add(_served(0, 256, 1.6, 25, 300), now=0.0, half_life_s=1e9)
+    estimator.add(_served(1, 256, 2.1, 25, 5), now=1.0, half_life_s=1e9)  # a burst
+    # The prior weight w still holds, but at the k's own live ratio, not the profile's 1.
+    assert estimator.estimate(PARAMS).step_times.at(256, 1) == pytest.approx(
+        2.1 * PROFILE.at(256, 1), rel=0.01
+    )
+
+
+def test_when_the_running_k_left_the_graph_too_the_others_borrow_its_ratio() -> None:
+    # Chat-like prompts: k=0's steps carry 600 prompt tokens and run eager themselves, so its
+    # ratio (graph to eager) is the right one to lend to k=1, which leaves the graph alike.
+    estimator = _served_estimator()
+    estimator.add(_served(0, 256, 3.3, 600, 300), now=0.0, half_life_s=1e9)
+    estimate = estimator.estimate(PARAMS)
+    assert estimate.step_times.at(256, 1) == pytest.approx(3.3 * PROFILE.at(256, 1), rel=0.01)
+    assert estimate.step_times.at(256, 3) == pytest.approx(PROFILE.at(256, 3))  # eager-timed

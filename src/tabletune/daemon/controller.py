@@ -98,7 +98,10 @@ class Controller:
         self._saved_units: dict[str, UnitRecord] = {}
         self._layouts = {
             pool.name: StepTimeLayout(
-                pool.step_times, pool.step_times.max_batch, off_graph=pool.off_graph
+                pool.step_times,
+                pool.step_times.max_batch,
+                off_graph=pool.off_graph,
+                capture_limit=pool.capture_limit,
             )
             for pool in self.pools
         }

@@ -41,6 +41,12 @@ class PoolProfile:
         object.__setattr__(self, "_rows", {k: i for i, k in enumerate(self.step_times.ks)})
 
     @property
+    def capture_limit(self) -> int | None:
+        """The engine's largest full CUDA graph in tokens, where the profile says."""
+        graphs = self.profile.metadata.cuda_graphs
+        return None if graphs is None else graphs.max_capture_size
+
+    @property
     def model(self) -> str:
         return self.profile.metadata.model
 

@@ -42,6 +42,9 @@ FIELDS = 5  # steps, seconds, seconds_sq, tokens, requests (CellTotals order)
 # its estimate (rather than the profile's promise, or what the other k show) speaks for it;
 # also the fresh steps of the running k a shift of traffic is judged on.
 MEASURED_STEPS = 30.0
+# T_hat / profile T of a k nothing live speaks for (a group of its own with no steps): far
+# enough that no table picks it, finite so that every sum over it stays a number.
+UNKNOWN_RATIO = 1e3
 SHIFT_MIN_STEPS = 200.0  # past steps of the running k before a shift of traffic is judged
 FORGET_ON_SHIFT = 0.02  # what a cell keeps of its past after a shift
 
@@ -110,10 +113,16 @@ class StepTimeLayout:
     """The cells and profile a replica's estimate lives on (shared by a pool's replicas)."""
 
     def __init__(
-        self, profile: StepTimes, max_batch: int, *, off_graph: np.ndarray | None = None
+        self,
+        profile: StepTimes,
+        max_batch: int,
+        *,
+        off_graph: np.ndarray | None = None,
+        capture_limit: int | None = None,
     ) -> None:
         """``off_graph`` (rows ks, columns the profile's grid): the profile cells that ran off
-        the full CUDA graph (past the capture limit); None: all alike."""
+        the full CUDA graph (past the capture limit); None: all alike. ``capture_limit``: the
+        engine's largest full graph in tokens (None: unknown; no cell is taken to leave it)."""
         if not 1 <= max_batch <= profile.max_batch:
             raise ValueError(f"max_batch {max_batch} outside 1..{profile.max_batch}")
         shape = (len(profile.ks), len(profile.grid))
@@ -121,6 +130,7 @@ class StepTimeLayout:
             raise ValueError(f"off_graph shape {off_graph.shape} != {shape}")
         self.profile = profile
         self.max_batch = max_batch
+        self.capture_limit = capture_limit
         self.ks = profile.ks
         self.cells = cells_up_to(max_batch)
         self._k_row = {k: i for i, k in enumerate(self.ks)}
@@ -267,16 +277,30 @@ class StepTimeEstimator:
         # What the other k of a batch cell show, among those the profile timed on the same
         # kind of graph: live steps carrying prefill run off the full graph at every k, so a
         # ratio to a full-graph cell says nothing of one the profile timed eager.
+        # A k the profile timed on the full graph whose steps at this traffic would not fit it
+        # (``left``) forms a group of its own: the profile's T is for another kind of step, so
+        # neither the pull toward it nor the ratios of k that stayed on the graph speak for
+        # it. With no live step in its group it is unknown: T_hat stands far off so no
+        # decision picks it, while the bursts, which go by the profile's promise for a k not
+        # measured, still try it.
         common = np.ones_like(steps)
         own = self.measured >= w
         leaning = np.zeros_like(own)
-        for group in (False, True):
-            mine = layout.off_graph == group
+        left = self._graph_left(steps)
+        unknown = np.zeros_like(own)
+        for group, moved in ((False, False), (True, False), (False, True)):
+            mine = (layout.off_graph == group) & (left == moved)
             shown = np.where(mine, weighted, 0.0).sum(axis=0)
             counted = np.where(mine, steps, 0.0).sum(axis=0)
-            common = np.where(mine, ((w + shown) / (w + counted))[None, :], common)
+            if moved:
+                live_mean = shown / np.where(counted > 0, counted, 1.0)
+                common = np.where(mine, live_mean[None, :], common)
+                unknown |= mine & (counted == 0)[None, :]
+            else:
+                common = np.where(mine, ((w + shown) / (w + counted))[None, :], common)
             leaning |= mine & (mine & own).any(axis=0)[None, :] & self.shifted[None, :]
         ratio = (w * common + weighted) / (w + steps)
+        ratio = np.where(unknown, UNKNOWN_RATIO, ratio)
 
         cell_sigma = self._cell_prior_sigma(params, prior_sigma)
         noise = variance * params.correlation * steps
@@ -314,6 +338,25 @@ class StepTimeEstimator:
             ran=self.ran.copy(),
             unproven=(leaning & ~own)[:, columns],
         )
+
+    def _graph_left(self, steps: np.ndarray) -> np.ndarray:
+        """Per (k, cell): the profile timed k there on the full CUDA graph, but at the cell's
+        live traffic a step of k would hold more tokens than the graph does (B·(1+k) plus the
+        prefill the busiest k's steps carry). On the H200 at decode-heavy B≈254 a k=0 step held
+        281 tokens; k=1, timed on the graph at 512, borrowed k=0's ratio and was taken at 22 ms:
+        with the prefill it ran eager at 29 ms (docs/results.md)."""
+        layout = self.layout
+        left = np.zeros(steps.shape, dtype=bool)
+        if layout.capture_limit is None:
+            return left
+        ks = np.asarray(layout.ks, dtype=float)
+        for col in np.flatnonzero(steps.sum(axis=0) > 0):
+            busiest = int(np.argmax(steps[:, col]))
+            n, tokens, batch = self.sums[busiest, col, [0, 3, 4]]
+            prefill = max(tokens / n - batch / n * (1.0 + ks[busiest]), 0.0)
+            would = batch / n * (1.0 + ks) + prefill > layout.capture_limit
+            left[:, col] = would & ~layout.off_graph[:, col]
+        return left
 
     def _cell_prior_sigma(
         self, params: StepTimeParams, prior_sigma: np.ndarray | None

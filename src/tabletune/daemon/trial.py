@@ -9,9 +9,9 @@ hundreds of steps a cycle.
 
 At the heaviest loaded batch size b (cell c), a k is tried when its goodput, its T_hat taken
 ``z`` standard errors faster, beats the table's k there by more than ``min_gain`` (1.5: the
-H200 bursts' estimate of k=2 above was 1.3 standard errors slow, so one would not have tried
-it; on the emulator's near-ties one did about as well and two tried k=0 and k=1 on thin
-evidence: docs/daemon.md); when it has
+H200 bursts' estimate of k=2 above was 1.1-1.3 standard errors short of winning, so one would
+not have tried it; on the emulator's near-ties one did about as well and two tried k=0 and k=1
+on thin evidence: docs/daemon.md); when it has
 burst steps of its own there (``MEASURED_STEPS``: without them the bursts come first); and when
 it has not run as the cell's main k for ``trial_steps`` steps since the traffic there changed
 (so a k tried is not tried again until then), nor in the ``retry_s`` after a trial of it at c
