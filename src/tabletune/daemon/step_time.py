@@ -11,8 +11,9 @@ The estimate is a ratio to the profile, blended the way a_hat is (the prior weig
 
 Where the load ran, T_hat is held flat across the cell at the batch size it ran at (live data
 speaks for the cell; the profile's wiggles inside it do not). A k with little live data leans
-on ``m(c)``, what the other k at the same batch sizes show (among the k the profile timed on
-the same kind of CUDA graph: full, or off it past the capture limit), rather than on the bare
+on ``m(c)``, what the other k at the same batch sizes show (among the k whose kind of CUDA
+graph, full or off it, the live traffic keeps as the profile timed it; apart, those it takes
+off the graph; with no capture limit known, the profile's kinds), rather than on the bare
 profile: a cost common to every k (long contexts) then does not make
 the unobserved k look cheap, while an effect of one k (a graph miss) shows once that k is
 observed (the plugin's neighbour exploration sees to it). A k with ``MEASURED_STEPS`` steps of
@@ -274,22 +275,26 @@ class StepTimeEstimator:
 
         w = params.prior_steps
         weighted = np.where(seen, steps * np.nan_to_num(live), 0.0)
-        # What the other k of a batch cell show, among those the profile timed on the same
-        # kind of graph: live steps carrying prefill run off the full graph at every k, so a
-        # ratio to a full-graph cell says nothing of one the profile timed eager.
+        # What the other k of a batch cell show, among the k whose steps the traffic leaves on
+        # the kind of graph the profile timed them on: a ratio that includes a fall off the
+        # full graph (chat-like prompts push k=0/1 off it) says nothing of a k the profile
+        # timed eager, while prompt tokens riding on steps that keep their kind cost alike.
         # A k the profile timed on the full graph whose steps at this traffic would not fit it
         # (``left``) forms a group of its own: the profile's T is for another kind of step, so
         # neither the pull toward it nor the ratios of k that stayed on the graph speak for
         # it. With no live step in its group it is unknown: T_hat stands far off so no
         # decision picks it, while the bursts, which go by the profile's promise for a k not
-        # measured, still try it.
+        # measured, still try it. Without a capture limit the groups are the profile's kinds.
         common = np.ones_like(steps)
         own = self.measured >= w
         leaning = np.zeros_like(own)
         left = self._graph_left(steps)
         unknown = np.zeros_like(own)
-        for group, moved in ((False, False), (True, False), (False, True)):
-            mine = (layout.off_graph == group) & (left == moved)
+        if layout.capture_limit is None:  # the traffic's graph kinds unknown: the profile's
+            groups = [(layout.off_graph == kind, False) for kind in (False, True)]
+        else:  # k whose kind the traffic keeps share a ratio (prefill on top of either kind)
+            groups = [(~left, False), (left, True)]
+        for mine, moved in groups:
             shown = np.where(mine, weighted, 0.0).sum(axis=0)
             counted = np.where(mine, steps, 0.0).sum(axis=0)
             if moved:
