@@ -121,14 +121,7 @@ def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate
     settings, the part's prior): each window, the seconds so far and the estimate after it."""
     pool = make_pool(load_profile(ROOT / raw["meta"]["daemon"]["profile"]), None)
     settings = StepTimeSettings()
-    estimator = StepTimeEstimator(
-        StepTimeLayout(
-            pool.step_times,
-            pool.step_times.max_batch,
-            off_graph=pool.off_graph,
-            capture_limit=pool.capture_limit,
-        )
-    )
+    estimator = StepTimeEstimator(StepTimeLayout.of_pool(pool))
     params = StepTimeParams(**settings.model_dump(exclude={"enabled", "shift"}))
     elapsed = 0.0
     for window in raw["windows"]:

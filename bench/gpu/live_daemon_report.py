@@ -87,14 +87,7 @@ def replay(raw: Row, *, rates: tuple[float, ...], load: int, part: str = "daemon
     meta = raw["meta"]["daemon"]
     settings = load_settings({"TABLETUNE_PROFILE__PATHS": str(ROOT / meta["profile"])})
     pool = load_pools(settings.profile)[0]
-    estimator = StepTimeEstimator(
-        StepTimeLayout(
-            pool.step_times,
-            pool.step_times.max_batch,
-            off_graph=pool.off_graph,
-            capture_limit=pool.capture_limit,
-        )
-    )
+    estimator = StepTimeEstimator(StepTimeLayout.of_pool(pool))
     params = StepTimeParams(**settings.step_time.model_dump(exclude={"enabled", "shift"}))
     plugin = settings.plugin
     state = replace(

@@ -96,15 +96,7 @@ class Controller:
         self.replicas: dict[str, ReplicaRuntime] = {}
         self._saved_replicas: dict[str, ReplicaRecord] = {}
         self._saved_units: dict[str, UnitRecord] = {}
-        self._layouts = {
-            pool.name: StepTimeLayout(
-                pool.step_times,
-                pool.step_times.max_batch,
-                off_graph=pool.off_graph,
-                capture_limit=pool.capture_limit,
-            )
-            for pool in self.pools
-        }
+        self._layouts = {pool.name: StepTimeLayout.of_pool(pool) for pool in self.pools}
         self.checks = Checks(settings, metrics, alerts)
         self.outcomes = Outcomes(settings, metrics, alerts)
         self.turn = ReplicaTurn(

@@ -32,11 +32,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tabletune.solver import StepTimes
 from tabletune.step_cells import CellTotals, StepCells, cells_up_to
+
+if TYPE_CHECKING:
+    from tabletune.daemon.profiles import PoolProfile
 
 FIELDS = 5  # steps, seconds, seconds_sq, tokens, requests (CellTotals order)
 # Live steps of its own a (k, batch cell) needs, since the cell's traffic last changed, before
@@ -157,6 +161,17 @@ class StepTimeLayout:
             np.zeros((len(self.ks), len(self.cells)), dtype=bool)
             if off_graph is None
             else np.asarray(off_graph, dtype=bool)[:, at]
+        )
+
+    @classmethod
+    def of_pool(cls, pool: PoolProfile) -> StepTimeLayout:
+        """A pool's layout over its whole grid, with the graph kinds and capture limit its
+        profile records (what the daemon and the replays of recorded runs estimate on)."""
+        return cls(
+            pool.step_times,
+            pool.step_times.max_batch,
+            off_graph=pool.off_graph,
+            capture_limit=pool.capture_limit,
         )
 
     def index(self, k: int, low: int, high: int) -> tuple[int, int] | None:
