@@ -3,10 +3,12 @@ then settled against the table it replaced."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 from bench.burst_drop_sim import k_at
 from bench.live_step_time_sim import daemon_at
 from hypothesis import given
@@ -370,3 +372,21 @@ def test_a_trial_in_force_is_saved_and_a_restarted_daemon_settles_it(tmp_path: P
     assert dense_lookup(plan.decision.new or (), MAX_B, 3)[LOAD] == 1
     restored.set_trial(None)
     assert restored.record.trial is None
+
+
+@pytest.mark.parametrize(
+    "before",
+    [[[1, 120]], [[1, 120, 3], [100, 256, 2]], [], [[0, 256, 3]]],
+    ids=["not a range", "overlapping", "empty", "from 0"],
+)
+def test_a_saved_trial_whose_table_is_not_one_is_moved_aside_not_restored(
+    tmp_path: Path, before: list[list[int]]
+) -> None:
+    # A hand-edited or damaged state file must not crash the restarted daemon when its
+    # replicas come back: like any unusable state, it is reported and set aside.
+    record = {"k": 2, "batch": LOAD, "before": before, "started_at": 9_000.0}
+    store = StateStore(tmp_path)
+    store.path.write_text(json.dumps({"replicas": {"r1": {"trial": record}}}))
+    fresh, problem = store.load()
+    assert problem is not None and "moved aside" in problem
+    assert fresh == DaemonState()

@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tabletune.schemas import save_model
+from tabletune.schemas.table import TableError, normalize_ranges
 
 STATE_FILE = "daemon-state.json"
 STATE_FILE_MODE = 0o600
@@ -45,6 +46,17 @@ class TrialRecord(BaseModel):
     batch: int = Field(ge=1)
     before: list[list[int]]
     started_at: float
+
+    @field_validator("before")
+    @classmethod
+    def _a_table(cls, before: list[list[int]]) -> list[list[int]]:
+        # It is settled against on restore: a damaged one must fail the load (file set
+        # aside), not the first decision after it.
+        try:
+            normalize_ranges(before)
+        except TableError as error:
+            raise ValueError(f"the table the trial replaced: {error}") from None
+        return before
 
 
 class ReplicaRecord(BaseModel):
