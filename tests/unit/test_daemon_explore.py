@@ -241,3 +241,40 @@ def test_h200_b254_k0_stays_and_comes_back_once_k3_ran() -> None:
     assert [new for _, new in k_at_254[:3]] == [0, 0, 0]
     assert [running for running, _ in k_at_254[3:6]] == [3, 3, 3]
     assert [new for _, new in k_at_254[4:6]] == [0, 0]
+
+
+H200_B254_AGAIN = (
+    Path(__file__).resolve().parents[2]
+    / "bench/results/gpu_raw"
+    / "eval_traffic_decode_heavy_b256_b128_blocks_h200_20261201T1211Z.json"
+)
+
+
+def test_h200_b254_k1_from_bursts_is_as_uncertain_as_its_bursts() -> None:
+    # The next launch's B≈254 daemon part (12:11 UTC): k=0 stood 27 s, then k=1, known from
+    # 33 burst steps at 27 ms (0.64 relative spread a step; its arm ran 31 ms, a window 21-49),
+    # was pushed at +18 %, outside a band the pull's weight had narrowed to 0.77 of their
+    # standard error. With 30 steps of its own (the spread then its own), k=1's band must be
+    # no narrower than that standard error.
+    from tabletune.daemon.setting_groups import StepTimeSettings
+
+    raw = json.loads(H200_B254_AGAIN.read_text())
+    correlation = StepTimeSettings().correlation
+    sums = [0.0, 0.0, 0.0]
+    checked = 0
+    for window, _, estimate, _ in load_gpu_module("burst_vs_run").replayed(
+        raw, "decode-heavy-B256-daemon"
+    ):
+        for k, low, _high, steps, seconds, seconds_sq, *_ in window["cells"]["cells"]:
+            if (k, low) == (1, 249):
+                sums = [sums[0] + steps, sums[1] + seconds, sums[2] + seconds_sq]
+        row, col = estimate.ks.index(1), estimate.cells.index((249, 256))
+        if window["view"]["table"][-1][2] != 0 or estimate.steps[row, col] < 30:
+            continue  # k=1 running, or under 30 (faded) steps: the replica's pooled spread
+        mean = sums[1] / sums[0]
+        spread = np.sqrt(max(sums[2] / sums[0] - mean**2, 0.0)) / mean
+        # Its faded steps, not all: the estimate's own count of what it stands on.
+        own_error = spread * np.sqrt(correlation / estimate.steps[row, col])
+        assert estimate.sigma[row, col] / estimate.ratio[row, col] >= 0.95 * own_error
+        checked += 1
+    assert checked >= 1
