@@ -304,6 +304,20 @@ def test_borrowing_across_graph_modes_is_not_leaning_on_other_k() -> None:
     assert unproven[0, 127] and not unproven[1:, 127].any()
 
 
+def test_a_cell_regrowing_its_steps_after_a_shift_has_not_lost_sight_of_its_traffic() -> None:
+    # After a shift the running k's faded steps climb back past the shift check's 200 and,
+    # a cycle later, fade just under it: that is not the load leaving the cell. Counted as
+    # such, it cleared what every k had measured and ended the shift's caution seconds after.
+    estimator = _estimator()
+    estimator.add(_steps(1, [128], 1.0, repeat=300), now=0.0, half_life_s=60.0)
+    estimator.add(_steps(1, [128], 1.7, repeat=100), now=3.0, half_life_s=60.0, shift=0.15)
+    for t in range(6, 30, 3):
+        estimator.add(_steps(1, [128], 1.7, repeat=100), now=float(t), half_life_s=60.0)
+    col = estimator.layout.cells.index((121, 128))
+    assert estimator.measured[1, col] == pytest.approx(900)
+    assert estimator.shifted[col]
+
+
 def test_a_shift_shows_within_a_cycle_of_slow_steps_and_only_at_the_running_k() -> None:
     # Long prompts at B~216 on the emulator: ~180 steps a cycle, and the shift waited two
     # cycles for 200 fresh steps while the table ran the old traffic's k.

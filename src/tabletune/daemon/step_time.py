@@ -52,6 +52,10 @@ MEASURED_STEPS = 30.0
 # enough that no table picks it, finite so that every sum over it stays a number.
 UNKNOWN_RATIO = 1e3
 SHIFT_MIN_STEPS = 200.0  # past steps of the running k before a shift of traffic is judged
+# Faded steps from which a cell counts as watching its traffic (it can lose sight of it once
+# they fade under SHIFT_MIN_STEPS): twice that, so one cycle's fading just past the bar is not
+# a loss of sight.
+WATCH_STEPS = 2 * SHIFT_MIN_STEPS
 FORGET_ON_SHIFT = 0.02  # what a cell keeps of its past after a shift
 
 
@@ -196,6 +200,8 @@ class StepTimeEstimator:
         self.measured = np.zeros((len(layout.ks), len(layout.cells)))
         self.ran = np.zeros((len(layout.ks), len(layout.cells)))  # of those, as the busiest k
         self.shifted = np.zeros(len(layout.cells), dtype=bool)  # its traffic changed
+        # Its steps have been well enough to see a shift (WATCH_STEPS) since its traffic changed.
+        self.watching = np.zeros(len(layout.cells), dtype=bool)
         self.updated_at: float | None = None
 
     def add(
@@ -219,11 +225,13 @@ class StepTimeEstimator:
         measured goes too."""
         if self.updated_at is not None and now > self.updated_at:
             self.sums *= 0.5 ** ((now - self.updated_at) / half_life_s)
-            watched = self.measured.max(axis=0) >= SHIFT_MIN_STEPS
-            blind = watched & (self.sums[..., 0].max(axis=0) < SHIFT_MIN_STEPS)
+            # Only a cell that could see a shift can lose sight of one: a cell whose sums were
+            # just forgotten is not blind while they grow back, however they fade meanwhile.
+            blind = self.watching & (self.sums[..., 0].max(axis=0) < SHIFT_MIN_STEPS)
             self.measured[:, blind] = 0.0
             self.ran[:, blind] = 0.0
             self.shifted[blind] = False
+            self.watching[blind] = False
         self.updated_at = now if self.updated_at is None else max(now, self.updated_at)
         outside = 0
         rows: list[tuple[tuple[int, int], np.ndarray]] = []
@@ -242,12 +250,14 @@ class StepTimeEstimator:
                 self.sums[:, col] *= FORGET_ON_SHIFT
                 self.measured[:, col] = 0.0
                 self.ran[:, col] = 0.0
+                self.watching[col] = False
                 self.shifted[col] = True
         for where, fresh in rows:
             self.sums[where] += fresh
             self.measured[where] += fresh[0]
         for col, (row, fresh) in running.items():
             self.ran[row, col] += fresh[0]
+        self.watching |= self.sums[..., 0].max(axis=0) >= WATCH_STEPS
         return outside
 
     @staticmethod
@@ -267,6 +277,7 @@ class StepTimeEstimator:
         self.measured[:] = 0.0
         self.ran[:] = 0.0
         self.shifted[:] = False
+        self.watching[:] = False
 
     def estimate(
         self, params: StepTimeParams, *, prior_sigma: np.ndarray | None = None
