@@ -36,7 +36,6 @@ from tabletune.daemon.step_time import (  # noqa: E402
     StepTimeEstimate,
     StepTimeEstimator,
     StepTimeLayout,
-    StepTimeParams,
 )
 from tabletune.schemas.io import load_profile  # noqa: E402
 from tabletune.step_cells import cells_from_wire  # noqa: E402
@@ -122,7 +121,7 @@ def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate
     pool = make_pool(load_profile(ROOT / raw["meta"]["daemon"]["profile"]), None)
     settings = StepTimeSettings()
     estimator = StepTimeEstimator(StepTimeLayout.of_pool(pool))
-    params = StepTimeParams(**settings.model_dump(exclude={"enabled", "shift"}))
+    params = settings.blend_params()
     elapsed = 0.0
     for window in raw["windows"]:
         if window["part"] != part:

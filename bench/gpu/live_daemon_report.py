@@ -33,7 +33,7 @@ from tabletune.admin.state import TableState  # noqa: E402
 from tabletune.daemon.decide import Estimates, decide  # noqa: E402
 from tabletune.daemon.profiles import load_pools  # noqa: E402
 from tabletune.daemon.settings import load_settings  # noqa: E402
-from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout, StepTimeParams  # noqa: E402
+from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout  # noqa: E402
 from tabletune.step_cells import CellTotals, cells_from_wire  # noqa: E402
 
 Row = dict[str, Any]
@@ -88,7 +88,7 @@ def replay(raw: Row, *, rates: tuple[float, ...], load: int, part: str = "daemon
     settings = load_settings({"TABLETUNE_PROFILE__PATHS": str(ROOT / meta["profile"])})
     pool = load_pools(settings.profile)[0]
     estimator = StepTimeEstimator(StepTimeLayout.of_pool(pool))
-    params = StepTimeParams(**settings.step_time.model_dump(exclude={"enabled", "shift"}))
+    params = settings.step_time.blend_params()
     plugin = settings.plugin
     state = replace(
         TableState.initial(meta["start_table"], num_speculative_tokens=3, max_num_seqs=256),

@@ -37,7 +37,7 @@ from tabletune.daemon.replica_io import ReplicaIo, Round
 from tabletune.daemon.retry import with_retries
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
-from tabletune.daemon.step_time import StepTimeEstimate, StepTimeParams
+from tabletune.daemon.step_time import StepTimeEstimate
 from tabletune.errors import TableTuneError
 
 log = structlog.get_logger("tabletune.daemon")
@@ -87,7 +87,7 @@ class ReplicaTurn:
         self._stop = stop
         self.sleep = sleep
         self.dry_run = dry_run
-        self._params = StepTimeParams(**settings.step_time.model_dump(exclude={"enabled", "shift"}))
+        self._params = settings.step_time.blend_params()
 
     @property
     def stopping(self) -> bool:

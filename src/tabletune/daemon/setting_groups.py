@@ -20,6 +20,8 @@ from pydantic_settings import (
     NoDecode,
 )
 
+from tabletune.daemon.step_time import StepTimeParams
+
 
 def _split_list(value: object) -> object:
     """``"a, b"`` -> ``("a", "b")``; JSON-looking lists are left to pydantic."""
@@ -280,6 +282,10 @@ class StepTimeSettings(_Group):
             "traffic changed: the other k of that batch cell are measured afresh"
         ),
     )
+
+    def blend_params(self) -> StepTimeParams:
+        """How the estimate blends live data and the profile (the change checks apart)."""
+        return StepTimeParams(**self.model_dump(exclude={"enabled", "shift"}))
 
 
 class PluginSettings(_Group):
