@@ -69,3 +69,14 @@ report chat_like_b160_b256_blocks \
 report decode_heavy_b256_long_context_b128_blocks \
   eval_traffic_decode_heavy_b256_long_context_b128_blocks_h200_20261201T1011Z.json \
   $(logs_x2 20261201T1011Z 1)
+# One H200 again (2026-12-01 12:11, 12:19, 12:28 UTC; session 12's estimator run at 7178143).
+# shellcheck disable=SC2046
+report decode_heavy_b256_b128_blocks eval_traffic_decode_heavy_b256_b128_blocks_h200_20261201T1211Z.json \
+  $(logs 20261201T1211Z)
+# shellcheck disable=SC2046
+report long_context_b192_chat_like_b96_blocks \
+  eval_traffic_long_context_b192_chat_like_b96_blocks_h200_20261201T1219Z.json $(logs 20261201T1219Z)
+# shellcheck disable=SC2046
+report decode_heavy_b128_long_context_b96_blocks \
+  eval_traffic_decode_heavy_b128_long_context_b96_blocks_h200_20261201T1228Z.json \
+  $(logs 20261201T1228Z)
