@@ -80,3 +80,6 @@ report long_context_b192_chat_like_b96_blocks \
 report decode_heavy_b128_long_context_b96_blocks \
   eval_traffic_decode_heavy_b128_long_context_b96_blocks_h200_20261201T1228Z.json \
   $(logs 20261201T1228Z)
+# Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
+"$PY" bench/gpu/traffic_summary.py >/dev/null
+echo bench/results/eval_traffic_summary_h200.json

@@ -1,0 +1,215 @@
+"""Every users'-traffic launch in one place: issue 16's goals over all of them (+ PNG).
+
+Reads the committed reports (bench/results/eval_traffic_*_h200.json, eval_traffic_report.py's)
+of one target that ran in interleaved blocks, and per shape and load lists what each launch
+measured: the best fixed k, the daemon's loss by the k its steps ran with its bound, the
+Nightjar-style bandit's the same way. A daemon part that ended inside a trial is priced by the
+table the trial replaced (``daemon_standing``; the arm ran the trial's table), with no bound.
+Per shape, judged on every load of every launch:
+- the daemon's worst-load loss against the goal (<= 1.5 % decode-heavy, <= 3 % else): "met"
+  when every bound is within it, "missed" when some loss by point is past it, else "not
+  judgeable";
+- the Nightjar-style bandit's worst-load loss against 3x the daemon's worst: by point, and
+  judgeable when the bandit's worst low bound is past 3x the daemon's worst high bound (or
+  short of 3x its worst point, for a miss);
+and the shape change as each launch that ran one measured it.
+
+    .venv/bin/python bench/gpu/traffic_summary.py   # bench/results/eval_traffic_summary_h200.*
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+Row = dict[str, Any]
+TARGET = "qwen3-4b"
+GOALS = {"decode-heavy": 0.015}  # the daemon's worst-load loss; every other shape: DEFAULT_GOAL
+DEFAULT_GOAL = 0.03
+NIGHTJAR_FACTOR = 3.0
+
+
+def shape_of(load: str) -> str:
+    """``decode-heavy-B256`` -> ``decode-heavy``."""
+    return load.rsplit("-B", 1)[0]
+
+
+def rows_of(report: Row, name: str) -> list[Row]:
+    """One row per load of a report run in blocks whose daemon is priced by its k mix."""
+    meta, out = report["meta"], []
+    for load, entry in (report.get("loads") or {}).items():
+        in_blocks = (entry or {}).get("blocks", {}).get("rounds_per_block", 1) > 1
+        if not in_blocks or not entry.get("daemon_by_k_mix"):
+            continue
+        daemon = entry["daemon_by_k_mix"]
+        row: Row = {
+            "shape": shape_of(load),
+            "effective_batch": entry["effective_batch"],
+            "report": name,
+            "date": meta["date"],
+            "commit": meta["commit"][:7],
+            "best_fixed_k": entry["best_fixed_k"],
+            "best_identified": entry["best_fixed_k_sign_test"]["identified"],
+            "daemon_k": daemon["own_k"],
+            "daemon_loss": daemon["loss_from_k_mix"],
+            "daemon_bound": [daemon["loss_lower_bound"], daemon["loss_upper_bound"]],
+        }
+        if entry.get("daemon_trial_at_stop"):  # the arm ran a trial's table: the standing one
+            row["daemon_loss"] = entry["tables_by_k_mix"]["daemon_standing"]["loss_from_k_mix"]
+            row["daemon_bound"] = None
+            row["note"] = "ended inside a trial: priced by the table it replaced"
+        bandit = entry.get("nightjar_by_k_mix")
+        if bandit:
+            row["nightjar_loss"] = bandit["loss_from_k_mix"]
+            row["nightjar_bound"] = [bandit["loss_lower_bound"], bandit["loss_upper_bound"]]
+        out.append(row)
+    return out
+
+
+def daemon_goal(rows: list[Row], limit: float) -> Row:
+    worst = max(rows, key=lambda r: r["daemon_loss"])
+    bounded = [r for r in rows if r["daemon_bound"] is not None]
+    if worst["daemon_loss"] > limit:
+        verdict = "missed"
+    elif len(bounded) == len(rows) and all(r["daemon_bound"][1] <= limit for r in rows):
+        verdict = "met"
+    else:
+        verdict = "not judgeable"
+    return {
+        "goal": f"<= {limit:.1%}",
+        "worst": worst["daemon_loss"],
+        "worst_at": _where(worst),
+        "verdict": verdict,
+        "past_the_goal": [_where(r) for r in rows if r["daemon_loss"] > limit],
+        "not_judgeable_at": [
+            _where(r) for r in rows if r["daemon_bound"] is None or r["daemon_bound"][1] > limit
+        ],
+    }
+
+
+def nightjar_goal(rows: list[Row]) -> Row:
+    ran = [r for r in rows if "nightjar_loss" in r]
+    if not ran:
+        return {"goal": f">= {NIGHTJAR_FACTOR:g}x the daemon's", "verdict": "not run"}
+    daemon = max(r["daemon_loss"] for r in rows)
+    bounds = [r["daemon_bound"] or (0.0, 1.0) for r in rows]  # no bound: anything
+    bandit = max(ran, key=lambda r: r["nightjar_loss"])
+    ratio = bandit["nightjar_loss"] / daemon if daemon > 0 else None
+    met = ratio is None or ratio >= NIGHTJAR_FACTOR
+    if met:  # sure when even its lowest worst is past 3x the daemon's highest worst
+        sure = max(r["nightjar_bound"][0] for r in ran) >= NIGHTJAR_FACTOR * max(
+            high for _, high in bounds
+        )
+    else:  # sure when even its highest worst is short of 3x the daemon's lowest worst
+        sure = max(r["nightjar_bound"][1] for r in ran) < NIGHTJAR_FACTOR * max(
+            low for low, _ in bounds
+        )
+    return {
+        "goal": f">= {NIGHTJAR_FACTOR:g}x the daemon's",
+        "nightjar_worst": bandit["nightjar_loss"],
+        "nightjar_worst_at": _where(bandit),
+        "daemon_worst": daemon,
+        "ratio": ratio,
+        "verdict": ("met" if met else "missed") + ("" if sure else " by point, not judgeable"),
+    }
+
+
+def shape_changes(reports: dict[str, Row]) -> list[Row]:
+    out = []
+    for name, report in sorted(reports.items()):
+        change = (report.get("goals") or {}).get("shape_change") or {}
+        if change.get("measured") is None:
+            continue
+        by_mix = change.get("by_k_mix") or change
+        out.append({
+            "report": name, "date": report["meta"]["date"], "goal": change["goal"],
+            "measured": by_mix["measured"], "pass": by_mix["pass"],
+        })  # fmt: skip
+    return out
+
+
+def summarize(reports: dict[str, Row]) -> Row:
+    """``reports``: file name -> report. Rows of the target's runs in blocks, goals per shape."""
+    chosen = {n: r for n, r in reports.items() if r["meta"].get("target") == TARGET}
+    rows = [row for name, rep in sorted(chosen.items()) for row in rows_of(rep, name)]
+    by_shape: dict[str, list[Row]] = defaultdict(list)
+    for row in sorted(rows, key=lambda r: (r["shape"], r["effective_batch"], r["date"])):
+        by_shape[row["shape"]].append(row)
+    return {
+        "target": TARGET,
+        "reports": sorted({r["report"] for r in rows}),
+        "dates": [min(r["date"] for r in rows), max(r["date"] for r in rows)] if rows else [],
+        "engine_versions": sorted({chosen[r["report"]]["meta"]["engine_version"] for r in rows}),
+        "devices": sorted({chosen[r["report"]]["meta"]["device"] for r in rows}),
+        "goals": {
+            shape: {
+                "daemon_worst_load_loss": daemon_goal(group, GOALS.get(shape, DEFAULT_GOAL)),
+                "nightjar_style_over_daemon": nightjar_goal(group),
+            }
+            for shape, group in by_shape.items()
+        }
+        | {"shape_change": shape_changes(chosen)},
+        "loads": dict(by_shape),
+    }
+
+
+def _where(row: Row) -> str:
+    return f"B≈{row['effective_batch']:.0f} ({row['date'][:16]})"
+
+
+def plot(summary: Row, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(summary["loads"])
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        for who, colour in (("daemon", "C0"), ("nightjar", "C3")):
+            rows = [r for r in summary["loads"][shape] if f"{who}_loss" in r]
+            for r in rows:
+                low, high = r.get(f"{who}_bound") or (r[f"{who}_loss"],) * 2
+                ax.errorbar(
+                    r["effective_batch"], 100 * r[f"{who}_loss"], fmt="o", color=colour,
+                    yerr=[[100 * (r[f"{who}_loss"] - low)], [100 * (high - r[f"{who}_loss"])]],
+                    alpha=0.7, label=who if r is rows[0] else None,
+                )  # fmt: skip
+        ax.axhline(100 * GOALS.get(shape, DEFAULT_GOAL), color="k", ls="--", lw=1, label="goal")
+        ax.set(title=shape, xlabel="effective batch", ylabel="loss vs best fixed k (%)")
+        ax.legend(fontsize=8)
+    fig.suptitle("Users' traffic on the H200: loss by the k the steps ran, with bounds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench/results/eval_traffic_summary_h200.json"
+    )
+    args = parser.parse_args(argv)
+    reports = {
+        p.name: json.loads(p.read_text())
+        for p in sorted((ROOT / "bench/results").glob("eval_traffic_*_h200.json"))
+        if p != args.out
+    }
+    summary = summarize(reports)
+    made = {
+        "what": __doc__.splitlines()[0],
+        "command": "bench/gpu/traffic_summary.py",
+    }
+    args.out.write_text(json.dumps(made | summary, indent=1, ensure_ascii=False) + "\n")
+    plot(summary, args.out.with_suffix(".png"))
+    print(json.dumps(summary["goals"], indent=1, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

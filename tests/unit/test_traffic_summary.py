@@ -1,0 +1,117 @@
+"""bench/gpu/traffic_summary.py: issue 16's goals over every users'-traffic launch."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.gpu_jobs import ROOT, load_gpu_module
+
+summary_module = load_gpu_module("traffic_summary")
+Row = dict[str, Any]
+
+
+def _load(
+    loss: float, bound: tuple[float, float], *, blocks: int = 2, batch: float = 126.3, **extra: Any
+) -> Row:
+    return {
+        "effective_batch": batch,
+        "blocks": {"rounds_per_block": blocks},
+        "best_fixed_k": "k2",
+        "best_fixed_k_sign_test": {"identified": False},
+        "daemon_by_k_mix": {
+            "own_k": 2, "loss_from_k_mix": loss,
+            "loss_lower_bound": bound[0], "loss_upper_bound": bound[1],
+        },
+        **extra,
+    }  # fmt: skip
+
+
+def _report(
+    loads: dict[str, Row], *, target: str = "qwen3-4b", date: str = "2026-12-01T12:11"
+) -> Row:
+    meta = {"date": date, "commit": "7178143c", "target": target, "engine_version": "0.26.0",
+            "device": "NVIDIA H200"}  # fmt: skip
+    return {"meta": meta, "loads": loads, "goals": {}}
+
+
+def _bandit(loss: float, low: float, high: float) -> Row:
+    return {"loss_from_k_mix": loss, "loss_lower_bound": low, "loss_upper_bound": high}
+
+
+def test_only_runs_in_blocks_of_the_target_count_and_a_trial_at_stop_is_priced_standing() -> None:
+    standing = {"daemon_standing": {"loss_from_k_mix": 0.0}}
+    reports = {
+        "a.json": _report({
+            "decode-heavy-B128": _load(0.27, (0.17, 0.39), daemon_trial_at_stop={"k": 3},
+                                       tables_by_k_mix=standing),
+            "decode-heavy-B96": _load(0.0, (0.0, 0.01), batch=94.7),
+            "decode-heavy-B64": _load(0.5, (0.4, 0.6), blocks=1),  # no blocks: not judged so
+        }),
+        "moe.json": _report({"decode-heavy-B192": _load(0.4, (0.3, 0.5))}, target="qwen3-30b-a3b"),
+    }  # fmt: skip
+    out = summary_module.summarize(reports)
+    rows = out["loads"]["decode-heavy"]
+    assert [r["daemon_loss"] for r in rows] == [0.0, 0.0]
+    assert rows[1]["daemon_bound"] is None and "trial" in rows[1]["note"]
+    goal = out["goals"]["decode-heavy"]["daemon_worst_load_loss"]
+    assert goal["verdict"] == "not judgeable"  # the standing table's price has no bound
+    assert goal["not_judgeable_at"] == ["B≈126 (2026-12-01T12:11)"]
+    assert out["reports"] == ["a.json"]
+
+
+@pytest.mark.parametrize(
+    ("losses", "verdict"),
+    [
+        ([(0.0, (0.0, 0.01)), (0.005, (0.0, 0.014))], "met"),
+        ([(0.0, (0.0, 0.01)), (0.005, (0.0, 0.2))], "not judgeable"),
+        ([(0.0, (0.0, 0.01)), (0.09, (0.0, 0.32))], "missed"),  # by point, bound or not
+    ],
+)
+def test_the_daemon_goal_is_met_only_within_every_bound_and_missed_by_any_point_past_it(
+    losses: list[tuple[float, tuple[float, float]]], verdict: str
+) -> None:
+    loads = {
+        f"decode-heavy-B{16 * (i + 1)}": _load(*x, batch=16 * (i + 1)) for i, x in enumerate(losses)
+    }
+    goal = summary_module.summarize({"r.json": _report(loads)})["goals"]["decode-heavy"]
+    assert goal["daemon_worst_load_loss"]["verdict"] == verdict
+    assert goal["daemon_worst_load_loss"]["goal"] == "<= 1.5%"
+
+
+@pytest.mark.parametrize(
+    ("bandit", "verdict"),
+    [
+        (_bandit(0.20, 0.13, 0.25), "met"),  # its low bound past 3x the daemon's high (0.04)
+        (_bandit(0.20, 0.01, 0.25), "met by point, not judgeable"),
+        (_bandit(0.02, 0.0, 0.02), "missed"),  # its high bound short of 3x the daemon's low
+        (_bandit(0.02, 0.0, 0.2), "missed by point, not judgeable"),
+    ],
+)
+def test_the_bandit_goal_compares_worst_loads_and_says_when_the_bounds_decide(
+    bandit: Row, verdict: str
+) -> None:
+    loads = {
+        "long-context-B96": _load(0.01, (0.01, 0.04), nightjar_by_k_mix=bandit),
+        "long-context-B16": _load(0.0, (0.0, 0.0)),
+    }
+    goal = summary_module.summarize({"r.json": _report(loads)})["goals"]["long-context"]
+    assert goal["nightjar_style_over_daemon"]["verdict"] == verdict
+
+
+def test_without_the_bandit_its_goal_is_not_run() -> None:
+    out = summary_module.summarize({"r.json": _report({"chat-like-B96": _load(0.0, (0, 0.1))})})
+    assert out["goals"]["chat-like"]["nightjar_style_over_daemon"]["verdict"] == "not run"
+
+
+def test_the_committed_summary_is_what_the_committed_reports_give() -> None:
+    committed = json.loads((ROOT / "bench/results/eval_traffic_summary_h200.json").read_text())
+    reports = {
+        p.name: json.loads(p.read_text())
+        for p in sorted((ROOT / "bench/results").glob("eval_traffic_*_h200.json"))
+        if p.name != "eval_traffic_summary_h200.json"
+    }
+    fresh = json.loads(json.dumps(summary_module.summarize(reports), ensure_ascii=False))
+    assert {k: committed[k] for k in fresh} == fresh
