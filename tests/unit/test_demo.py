@@ -32,6 +32,11 @@ def test_a_measured_profile_wins_over_the_sample_and_broken_files_are_skipped(
     assert choose_profile(tmp_path) == SAMPLE_PROFILE  # a sample is not a measurement
     shutil.copy(MEASURED, tmp_path / "profiles" / "c-measured.json")
     assert choose_profile(tmp_path) == tmp_path / "profiles" / "c-measured.json"
+    # The README's profile wins over other measured ones, which sort before it by name (the
+    # MoE target's h200-qwen3-30b-a3b-… did, and the demo ran it).
+    shutil.copy(MEASURED, tmp_path / "profiles" / MEASURED.name)
+    assert choose_profile(tmp_path) == tmp_path / "profiles" / MEASURED.name
+    assert choose_profile(REPO) == REPO / "profiles" / MEASURED.name
 
 
 def truth(sim_s: float, table: list[list[int]], efficiency: float) -> dict[str, Any]:

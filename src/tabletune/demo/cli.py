@@ -40,13 +40,16 @@ from tabletune.solver import StepTimes
 DEMO_SCENARIO = Path(str(resources.files("tabletune.demo") / "scenario.yaml"))
 SAMPLE_PROFILE = Path(str(resources.files("tabletune.sim.scenarios") / "sample-profile.json"))
 """the labelled sample profile, packaged with the emulator (examples/ holds the same file)"""
+DEFAULT_MEASURED = "h200-qwen3-4b-eagle3.json"  # Qwen3-4B + EAGLE-3 on the H200 (README)
 _positive = number_type(float, lambda v: 0 < v < math.inf, "a finite number > 0")
 
 
 def choose_profile(root: Path = Path(".")) -> Path:
-    """A measured profile from ``root/profiles/`` when there is one, else the packaged sample
-    (so the demo runs from any folder, not only from a checkout)."""
-    for path in sorted((root / "profiles").glob("*.json")):
+    """A measured profile from ``root/profiles/`` when there is one (``DEFAULT_MEASURED`` first,
+    the one the README names; other targets' profiles sort before it), else the packaged
+    sample (so the demo runs from any folder, not only from a checkout)."""
+    found = sorted((root / "profiles").glob("*.json"))
+    for path in sorted(found, key=lambda p: p.name != DEFAULT_MEASURED):
         try:
             profile = load_profile(path)
         except InputError:
