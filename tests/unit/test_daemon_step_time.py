@@ -334,6 +334,25 @@ def test_a_shift_shows_within_a_cycle_of_slow_steps_and_only_at_the_running_k() 
     assert estimator.estimate(PARAMS).measured[3, col] == 0
 
 
+def test_a_shift_is_judged_on_steps_counted_as_correlated_as_the_estimate_counts_them() -> None:
+    # 30 fresh steps 20 % slower, spread 20 % a step: outside four standard errors of 30
+    # independent steps, inside four of 15 (correlation 2, the daemon's default). On the H200's
+    # steady traffic the first read 9 changes in 23 daemon parts, the second 5.
+    def shifted(correlation: float) -> bool:
+        estimator = _estimator()
+        estimator.add(_steps(3, [128], 1.0, repeat=1000), now=0.0, half_life_s=1e9)
+        counter = StepCellCounter()
+        for i in range(30):
+            factor = 1.2 * (1.2 if i % 2 else 0.8)
+            counter.record(batch_size=128, k=3, duration_s=factor * PROFILE.at(128, 3) / 1e3,
+                           tokens=512)  # fmt: skip
+        fresh = counter.totals()
+        estimator.add(fresh, now=1.0, half_life_s=1e9, shift=0.15, correlation=correlation)
+        return bool(estimator.shifted.any())
+
+    assert shifted(correlation=1.0) and not shifted(correlation=2.0)
+
+
 def test_only_the_busiest_k_of_a_cell_counts_as_run_and_a_shift_or_restart_forgets_it() -> None:
     # A cycle of k=3 with k=2 bursts (40 of 540 steps): k=3 ran, k=2 only burst.
     estimator = _estimator()

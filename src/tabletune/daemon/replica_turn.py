@@ -108,7 +108,11 @@ class ReplicaTurn:
             rt.step_time.clear()  # the engine restarted, perhaps with other settings
         step_time = self.settings.step_time
         rt.step_time.add(
-            obs.step_cells, now, half_life_s=step_time.half_life_s, shift=step_time.shift
+            obs.step_cells,
+            now,
+            half_life_s=step_time.half_life_s,
+            shift=step_time.shift,
+            correlation=step_time.correlation,
         )
         estimate = rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma)
         self.checks.step_time(rt, obs.step_cells, now)

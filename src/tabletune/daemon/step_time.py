@@ -211,6 +211,7 @@ class StepTimeEstimator:
         *,
         half_life_s: float,
         shift: float = math.inf,
+        correlation: float = 1.0,
     ) -> int:
         """Fade the sums to ``now``, then add one interval's increases. Returns how many
         cells were outside the layout (an unprofiled k, or a batch beyond the profile).
@@ -218,7 +219,8 @@ class StepTimeEstimator:
         A change of traffic (a new shape: longer prompts, other contexts) moves every k's
         step time at once, but only the k that runs shows it. When the k with the most steps
         in a cell this interval (the table's) moved by more than ``shift`` (relative, and well
-        outside its noise; ``SHIFT_MIN_STEPS`` before, ``MEASURED_STEPS`` now), what the cell
+        outside its noise, its steps counted as ``1/correlation`` independent samples as in the
+        estimate; ``SHIFT_MIN_STEPS`` before, ``MEASURED_STEPS`` now), what the cell
         knew of the other k is forgotten too: they count as unmeasured again, so they are
         explored afresh instead of being judged on the old traffic. A cell whose steps faded
         below what that check needs can no longer see such a change: what its k counted as
@@ -246,7 +248,7 @@ class StepTimeEstimator:
             if col not in running or fresh[0] > running[col][1][0]:
                 running[col] = (row, fresh)
         for col, (row, fresh) in running.items():
-            if self._shifted(self.sums[row, col], fresh, shift):
+            if self._shifted(self.sums[row, col], fresh, shift, correlation):
                 self.sums[:, col] *= FORGET_ON_SHIFT
                 self.measured[:, col] = 0.0
                 self.ran[:, col] = 0.0
@@ -261,13 +263,17 @@ class StepTimeEstimator:
         return outside
 
     @staticmethod
-    def _shifted(old: np.ndarray, fresh: np.ndarray, shift: float) -> bool:
+    def _shifted(old: np.ndarray, fresh: np.ndarray, shift: float, correlation: float) -> bool:
         if old[0] < SHIFT_MIN_STEPS or fresh[0] < MEASURED_STEPS or not math.isfinite(shift):
             return False
         old_mean = float(old[1] / old[0])
         new_mean = float(fresh[1] / fresh[0])
         new_var = max(float(fresh[2] / fresh[0]) - new_mean * new_mean, 0.0)
-        noise = math.sqrt(new_var / float(fresh[0]))
+        # Neighbouring steps are alike (what the host does that second): counted as
+        # independent, the H200's steady traffic read as a change 9 times in 23 daemon parts
+        # replayed in 3 s cycles, 5 with the estimate's correlation of 2 (the one change of
+        # shape caught in the same cycle).
+        noise = math.sqrt(new_var * correlation / float(fresh[0]))
         change = abs(new_mean - old_mean)
         return change > shift * old_mean and change > 4.0 * noise
 
