@@ -200,7 +200,7 @@ class StepTimeEstimator:
         self.measured = np.zeros((len(layout.ks), len(layout.cells)))
         self.ran = np.zeros((len(layout.ks), len(layout.cells)))  # of those, as the busiest k
         self.shifted = np.zeros(len(layout.cells), dtype=bool)  # its traffic changed
-        # Its steps have been well enough to see a shift (WATCH_STEPS) since its traffic changed.
+        # Its steps have been many enough to see a shift (WATCH_STEPS) since its traffic changed.
         self.watching = np.zeros(len(layout.cells), dtype=bool)
         self.updated_at: float | None = None
 
