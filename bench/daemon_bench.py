@@ -56,14 +56,9 @@ from tabletune.solver import build_table, evaluate_table  # noqa: E402
 CONVERGED = 0.015
 
 
-# The profile the committed results were computed on (the MoE's profile sorts first now).
-EVALUATED_PROFILE = ROOT / "profiles" / "h200-qwen3-4b-eagle3.json"
-
-
 def default_profile() -> Path:
-    """The profile the committed results used when present, else a measured profile from
-    profiles/ (as the demo picks), else the sample."""
-    return EVALUATED_PROFILE if EVALUATED_PROFILE.exists() else choose_profile(ROOT)
+    """The profile the demo runs, which the committed results were computed on."""
+    return choose_profile(ROOT)
 
 
 def bench_repair(profile: Path, *, interval_s: float, horizon_s: float) -> dict[str, Any]:

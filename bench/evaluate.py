@@ -54,7 +54,7 @@ from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation, SourceResult
 from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.settings import DaemonSettings, load_settings
-from tabletune.errors import InputError
+from tabletune.demo.cli import DEFAULT_MEASURED, choose_profile
 from tabletune.plugin.controller import EngineTableController
 from tabletune.plugin.wire import view_from_envelope
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE, Profile, load_profile
@@ -72,7 +72,6 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 from bench.harness import run_per_step  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-SAMPLE_PROFILE = ROOT / "examples" / "sample-profile.json"
 
 ACCEPTANCE_SETS: dict[str, tuple[float, ...]] = {
     "realistic": (0.75, 0.55, 0.40),  # EAGLE-3 rates quoted in docs/design.md
@@ -863,29 +862,15 @@ def device() -> str:
     return f"{cpu}, {os.cpu_count()} CPU cores, no GPU: TableTune engine emulator"
 
 
-# The profile the committed results were computed on: with several measured profiles in
-# profiles/ (the MoE's sorts first), "the first one" would rerun them on another target.
-EVALUATED_PROFILE = ROOT / "profiles" / "h200-qwen3-4b-eagle3.json"
-
-
 def default_profile() -> Path:
-    """The profile the committed results used when present, else the first complete measured
-    profile in profiles/, else the labelled sample."""
-    if EVALUATED_PROFILE.exists():
-        return EVALUATED_PROFILE
-    for path in sorted((ROOT / "profiles").glob("*.json")):
-        try:
-            profile = load_profile(path)
-        except InputError:
-            continue  # acceptance, raw and summary files live there too
-        if not profile.metadata.sample and not profile.metadata.incomplete:
-            return path
-    return SAMPLE_PROFILE
+    """The profile the demo runs, which the committed results were computed on (the README's
+    measured H200 profile first: the MoE's sorts before it in profiles/)."""
+    return choose_profile(ROOT)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--profile", default=None, help=f"default: {EVALUATED_PROFILE.name}")
+    parser.add_argument("--profile", default=None, help=f"default: {DEFAULT_MEASURED}")
     parser.add_argument("--duration-s", type=float, default=120.0, help="simulated s per run")
     parser.add_argument("--window-start-s", type=float, default=60.0, help="steady window start")
     parser.add_argument("--switch-at-s", type=float, default=60.0)
