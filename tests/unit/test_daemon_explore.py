@@ -153,11 +153,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # k=1 and k=2. The bursts put k=2 at 17.2 ms, 27 % over its own arm's 13.6 ms, 12 % standard
 # error: one band of optimism left it behind k=1, the bursts stopped, and the daemon settled
 # on k=1, 7.2 % behind k=2.
-H200_DECODE_HEAVY = (
-    ROOT
-    / "bench/results/gpu_raw"
-    / "eval_traffic_decode_heavy_b64_b128_blocks_h200_20261201T0710Z.json"
-)
+RAW = ROOT / "bench/results/gpu_raw"  # GPU launches' raw runs, replayed here
+H200_DECODE_HEAVY = RAW / "eval_traffic_decode_heavy_b64_b128_blocks_h200_20261201T0710Z.json"
 
 
 def h200_daemon_state() -> tuple[StepTimeEstimate, PoolProfile, tuple[float, ...], list[Range]]:
@@ -195,11 +192,7 @@ def test_h200_bursts_drop_the_k_one_slow_draw_put_behind_unless_z_is_raised() ->
     assert 2 in h200_daemon_exploration(z=2.0)
 
 
-H200_B254 = (
-    Path(__file__).resolve().parents[2]
-    / "bench/results/gpu_raw"
-    / "eval_traffic_decode_heavy_b256_long_context_b128_blocks_h200_20261201T1011Z.json"
-)
+H200_B254 = RAW / "eval_traffic_decode_heavy_b256_long_context_b128_blocks_h200_20261201T1011Z.json"
 
 
 def test_h200_b254_k0_stays_and_comes_back_once_k3_ran() -> None:
@@ -243,11 +236,7 @@ def test_h200_b254_k0_stays_and_comes_back_once_k3_ran() -> None:
     assert [new for _, new in k_at_254[4:6]] == [0, 0]
 
 
-H200_B254_AGAIN = (
-    Path(__file__).resolve().parents[2]
-    / "bench/results/gpu_raw"
-    / "eval_traffic_decode_heavy_b256_b128_blocks_h200_20261201T1211Z.json"
-)
+H200_B254_AGAIN = RAW / "eval_traffic_decode_heavy_b256_b128_blocks_h200_20261201T1211Z.json"
 
 
 def test_h200_b254_k1_from_bursts_is_as_uncertain_as_its_bursts() -> None:
