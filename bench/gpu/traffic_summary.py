@@ -189,18 +189,23 @@ def plot(summary: Row, path: Path) -> None:
     plt.close(fig)
 
 
+SUMMARY = ROOT / "bench/results/eval_traffic_summary_h200.json"
+
+
+def committed_reports(results: Path = ROOT / "bench/results") -> dict[str, Row]:
+    """File name -> report, every users'-traffic report in ``results`` (not this summary)."""
+    return {
+        p.name: json.loads(p.read_text())
+        for p in sorted(results.glob("eval_traffic_*_h200.json"))
+        if p.name != SUMMARY.name
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out", type=Path, default=ROOT / "bench/results/eval_traffic_summary_h200.json"
-    )
+    parser.add_argument("--out", type=Path, default=SUMMARY)
     args = parser.parse_args(argv)
-    reports = {
-        p.name: json.loads(p.read_text())
-        for p in sorted((ROOT / "bench/results").glob("eval_traffic_*_h200.json"))
-        if p != args.out
-    }
-    summary = summarize(reports)
+    summary = summarize(committed_reports())
     made = {
         "what": __doc__.splitlines()[0],
         "command": "bench/gpu/traffic_summary.py",

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.gpu_jobs import ROOT, load_gpu_module
+from tests.support.gpu_jobs import load_gpu_module
 
 summary_module = load_gpu_module("traffic_summary")
 Row = dict[str, Any]
@@ -107,11 +107,7 @@ def test_without_the_bandit_its_goal_is_not_run() -> None:
 
 
 def test_the_committed_summary_is_what_the_committed_reports_give() -> None:
-    committed = json.loads((ROOT / "bench/results/eval_traffic_summary_h200.json").read_text())
-    reports = {
-        p.name: json.loads(p.read_text())
-        for p in sorted((ROOT / "bench/results").glob("eval_traffic_*_h200.json"))
-        if p.name != "eval_traffic_summary_h200.json"
-    }
+    committed = json.loads(summary_module.SUMMARY.read_text())
+    reports = summary_module.committed_reports()
     fresh = json.loads(json.dumps(summary_module.summarize(reports), ensure_ascii=False))
     assert {k: committed[k] for k in fresh} == fresh
