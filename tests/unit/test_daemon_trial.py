@@ -390,3 +390,76 @@ def test_a_saved_trial_whose_table_is_not_one_is_moved_aside_not_restored(
     fresh, problem = store.load()
     assert problem is not None and "moved aside" in problem
     assert fresh == DaemonState()
+
+
+TRIALS_ON = load_settings({"TABLETUNE_DECISION__TRIALS": "true"}).decision
+# k=1 running at the load (its own run), k=2 known from 60 burst steps only, and on them far
+# ahead beyond the noise: 2.30 / 9 ms against 1.75 / 11.1 ms.
+BURSTS_SAY_K2 = {**H200_LIKE, 2: 9.0}
+
+
+def _decide(
+    estimates: Estimates, settings: object, table: list[list[int]] = AFTER_MOVE
+) -> Decision:
+    return decide(
+        estimates=estimates,
+        view=_view(table),
+        load_weights={LOAD: 1.0},
+        settings=settings,  # type: ignore[arg-type]
+        min_width=5,
+    )
+
+
+def test_with_trials_on_bursts_alone_never_put_a_k_in_at_the_loads_cell() -> None:
+    estimates = _estimates(BURSTS_SAY_K2, sigma=0.02, own={1: 600, 2: 60}, ran={1: 550})
+    assert dense_lookup(_decide(estimates, SETTLE).new or (), MAX_B, 3)[LOAD] == 2  # trials off
+    on = _decide(estimates, TRIALS_ON)
+    assert dense_lookup(on.new or (), MAX_B, 3)[LOAD] == 1
+    # The planner tries it instead: k=2 over the load's cell, as a trial.
+    inputs = _plan_inputs(estimates, _view(AFTER_MOVE), step_time_moved=True)
+    settings = load_settings({"TABLETUNE_DECISION__TRIALS": "true"})
+    plan = plan_replica(_runtime(), inputs, settings=settings, dry_run=False)
+    assert plan.decision is not None and plan.decision.trial == (2, LOAD)
+
+
+def test_a_k_that_ran_its_trial_steps_is_judged_on_them() -> None:
+    ran = _estimates(BURSTS_SAY_K2, sigma=0.02, own={1: 600, 2: 160}, ran={1: 550, 2: 100})
+    assert dense_lookup(_decide(ran, TRIALS_ON).new or (), MAX_B, 3)[LOAD] == 2
+    # A k with no step of its own rests on the profile and the other k, as before.
+    unseen = _estimates(BURSTS_SAY_K2, sigma=0.02, own={1: 600}, ran={1: 550})
+    assert dense_lookup(_decide(unseen, TRIALS_ON).new or (), MAX_B, 3)[LOAD] == 2
+
+
+@given(
+    st.dictionaries(st.sampled_from(KS), st.floats(5.0, 60.0), min_size=4, max_size=4),
+    st.floats(0.0, 0.3),
+    st.dictionaries(st.sampled_from(KS), st.floats(0.0, 400.0), min_size=4, max_size=4),
+    st.dictionaries(st.sampled_from(KS), st.floats(0.0, 1.0), min_size=4, max_size=4),
+)
+def test_with_trials_on_the_loads_cell_changes_only_to_a_k_run_or_unseen_there(
+    ms: dict[int, float],
+    sigma: float,
+    own: dict[int, float],
+    run_share: dict[int, float],
+) -> None:
+    ran = {k: own[k] * run_share[k] for k in KS}
+    decision = _decide(_estimates(ms, sigma=sigma, own=own, ran=ran), TRIALS_ON)
+    before = dense_lookup(AFTER_MOVE, MAX_B, 3)[LOAD]
+    after = dense_lookup(decision.new or AFTER_MOVE, MAX_B, 3)[LOAD]
+    if after != before:
+        assert own[after] <= ran[after] or ran[after] >= TRIALS_ON.trial_steps
+
+
+def test_a_k_no_trial_may_take_again_yet_is_judged_on_its_bursts() -> None:
+    # After a trial of it, a shift of traffic cleared its run; within the retry window only
+    # its bursts can put it in (the emulator's shape change waited 600 s otherwise).
+    estimates = _estimates(BURSTS_SAY_K2, sigma=0.02, own={1: 600, 2: 60}, ran={1: 550})
+    decision = decide(
+        estimates=estimates,
+        view=_view(AFTER_MOVE),
+        load_weights={LOAD: 1.0},
+        settings=TRIALS_ON,
+        min_width=5,
+        recently_tried={(2, 121)},
+    )
+    assert dense_lookup(decision.new or (), MAX_B, 3)[LOAD] == 2

@@ -5,7 +5,7 @@ when the replica restarted and lost our table."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +21,7 @@ from tabletune.solver import (
     predicted_gain,
     solve,
 )
+from tabletune.step_cells import cell_of
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ def decide(
     min_width: int = 1,
     force: bool = False,
     before_trial: Sequence[Range] | None = None,
+    recently_tried: Collection[tuple[int, int]] = (),
 ) -> Decision:
     """The table to run on this replica; ``force`` skips the gain threshold (restart).
     ``before_trial``: a trial runs, and this is the table it replaced. The trial's k must then
@@ -87,7 +89,13 @@ def decide(
     narrower than ``min_width``. An ``unproven`` k (since the traffic there changed, its
     estimate leans on other k's live steps more than on its own) does not replace the running
     k: what the other k show under the new traffic can be far from what it shows, and the
-    neighbour bursts measure it first."""
+    neighbour bursts measure it first. With trials on (``settings.trials``), a k that only
+    bursts measured at the load's batch cell (fewer than ``trial_steps`` steps run as the
+    cell's main k) does not replace the running k there either: bursts read a k 0.78-1.53x
+    what it runs at (bench/results/burst_vs_run_h200.json), so it is tried on a run of its own
+    first (daemon.trial), and kept only if that run wins. A k ``recently_tried`` there (k, the
+    cell's first batch size), which no trial may take again yet, is judged on its bursts as
+    before (a shift of traffic since may have made it the right one)."""
     step_times, rates = estimates.step_times, estimates.rates
     if not view.dynamic or view.table is None:
         return Decision(push=False, reason="the replica runs a static k: no table to set")
@@ -105,7 +113,12 @@ def decide(
         current_problem = str(error)
     incumbent = before_trial if before_trial is not None else current
     baseline = _baseline(incumbent, max_batch, view.num_speculative_tokens)
-    sigma = _unproven_barred(estimates, baseline, max_batch)
+    bursts_only = (
+        _bursts_only(estimates, load_weights, max_batch, settings.trial_steps, recently_tried)
+        if settings.trials
+        else None
+    )
+    sigma = _unproven_barred(estimates, baseline, max_batch, bursts_only)
     try:
         solution = solve(
             TableProblem(
@@ -182,17 +195,63 @@ def _held_back(solution: Solution, weights: Mapping[int, float], stickiness: flo
     )
 
 
+def loaded_cell(load_weights: Mapping[int, float], max_batch: int) -> tuple[int, int, int] | None:
+    """The heaviest loaded batch size (clipped to 1..max_batch) and its batch cell cut at
+    ``max_batch``, as (batch, low, high); None without load."""
+    weights = {b: w for b, w in load_weights.items() if w > 0}
+    if not weights:
+        return None
+    batch = min(max(1, max(weights, key=lambda b: weights[b])), max_batch)
+    low, high = cell_of(batch)
+    return batch, low, min(high, max_batch)
+
+
+def _bursts_only(
+    estimates: Estimates,
+    load_weights: Mapping[int, float],
+    max_batch: int,
+    trial_steps: float,
+    recently_tried: Collection[tuple[int, int]],
+) -> np.ndarray | None:
+    """Rows ks, columns B-1 up to ``max_batch``: over the load's batch cell, the k that bursts
+    measured (steps of their own) but that have not run ``trial_steps`` steps as its main k,
+    other than those ``recently_tried`` there."""
+    own, ran = estimates.own_steps, estimates.run_steps
+    cell = loaded_cell(load_weights, max_batch)
+    if own is None or ran is None or cell is None:
+        return None
+    _, low, high = cell
+    mask = np.zeros((len(estimates.step_times.ks), max_batch), dtype=bool)
+    span = slice(low - 1, high)
+    mask[:, span] = (own[:, span] > ran[:, span]) & (ran[:, span] < trial_steps)
+    for row, k in enumerate(estimates.step_times.ks):
+        if (k, low) in recently_tried:
+            mask[row] = False
+    return mask
+
+
 def _unproven_barred(
-    estimates: Estimates, baseline: Sequence[int] | None, max_batch: int
+    estimates: Estimates,
+    baseline: Sequence[int] | None,
+    max_batch: int,
+    bursts_only: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """The relative uncertainty over B = 1..max_batch, ``UNPROVEN_SIGMA`` where an unproven
-    k would replace the running table's k."""
+    k, or one only bursts measured (``bursts_only``), would replace the running table's k."""
     sigma = estimates.relative_sigma
     sigma = None if sigma is None else sigma[:, :max_batch]
-    if estimates.unproven is None or baseline is None:
+    if baseline is None or (estimates.unproven is None and bursts_only is None):
         return sigma
     ks = np.asarray(estimates.step_times.ks)[:, None]
-    barred = estimates.unproven[:, :max_batch] & (ks != np.asarray(baseline)[None, :])
+    shape = (len(estimates.step_times.ks), max_batch)
+    unproven = (
+        np.zeros(shape, dtype=bool)
+        if estimates.unproven is None
+        else estimates.unproven[:, :max_batch]
+    )
+    if bursts_only is not None:
+        unproven = unproven | bursts_only
+    barred = unproven & (ks != np.asarray(baseline)[None, :])
     if not barred.any():
         return sigma
     base = np.zeros(barred.shape) if sigma is None else sigma

@@ -179,6 +179,9 @@ def plan_replica(
         return ReplicaPlan(tuple(effects), verdict=verdict)
     if inputs.now < rt.hold_until:
         return ReplicaPlan(tuple(effects), verdict=verdict, held=True)
+    recently_tried = {
+        key for key, at in rt.tried_at.items() if inputs.now - at < settings.decision.trial_retry_s
+    }
     decision = decide(
         estimates=inputs.estimates,
         view=inputs.view,
@@ -187,6 +190,7 @@ def plan_replica(
         min_width=min_range_width(settings),
         force=inputs.restart,
         before_trial=None if trial is None else trial.before,
+        recently_tried=recently_tried,
     )
     if not decision.push and trial is None and settings.decision.trials:
         decision = (
@@ -198,11 +202,7 @@ def plan_replica(
                 min_gain=settings.decision.min_gain,
                 trial_steps=settings.decision.trial_steps,
                 min_width=min_range_width(settings),
-                recently_tried={
-                    key
-                    for key, at in rt.tried_at.items()
-                    if inputs.now - at < settings.decision.trial_retry_s
-                },
+                recently_tried=recently_tried,
             )
             or decision
         )

@@ -32,11 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tabletune.admin.protocol import TableView
-from tabletune.daemon.decide import Decision, Estimates
+from tabletune.daemon.decide import Decision, Estimates, loaded_cell
 from tabletune.daemon.step_time import MEASURED_STEPS
 from tabletune.schemas.table import Range, TableError, normalize_ranges
 from tabletune.solver import SolverError, dense_lookup, ranges_from_lookup, tau
-from tabletune.step_cells import cell_of
 
 
 @dataclass(frozen=True)
@@ -92,18 +91,16 @@ def propose_trial(
     own, ran = estimates.own_steps, estimates.run_steps
     if own is None or ran is None or not view.dynamic or view.table is None:
         return None
-    weights = {b: w for b, w in load_weights.items() if w > 0}
-    if not weights:
-        return None
     try:
         current = normalize_ranges(view.table)
     except TableError:
         return None  # an unreadable table is the decision's to replace, not a trial's
     step_times, rates = estimates.step_times, estimates.rates
     max_batch = min(view.max_num_seqs, step_times.max_batch)
-    batch = min(max(1, max(weights, key=lambda b: weights[b])), max_batch)
-    low, high = cell_of(batch)
-    high = min(high, max_batch)
+    cell = loaded_cell(load_weights, max_batch)
+    if cell is None:
+        return None
+    batch, low, high = cell
     if high - low + 1 < min_width:
         return None
     lookup = dense_lookup(current, max_batch, view.num_speculative_tokens)
