@@ -233,14 +233,18 @@ class Run(DaemonRun):
         return args.warmup_s + daemon + DAEMON_STOP_S + windows + DRAIN_S
 
     async def fitted_part(self, name: str, needs_s: Callable[[int], float],
-                          body: Callable[[int], Awaitable[None]]) -> None:  # fmt: skip
+                          body: Callable[[int], Awaitable[None]],
+                          reserve_s: float = 0.0) -> None:  # fmt: skip
         """A part with as many of the planned rounds as fit what is left (whole pairs, or
         whole blocks), so a slow engine start shortens a load instead of skipping it; rounds
-        planned vs run are recorded (run 0: skipped, not even one pair or block fitted)."""
+        planned vs run are recorded (run 0: skipped, not even one pair or block fitted).
+        ``reserve_s``: time kept back for a later part (the shape change's smallest run)."""
         planned, unit = self.args.rounds, block_unit(self.args.rounds_per_block)
-        rounds = rounds_that_fit(planned, needs_s, self.left_s(), unit)
+        rounds = rounds_that_fit(planned, needs_s, self.left_s() - reserve_s, unit)
         self.result.setdefault("rounds", {})[name] = {"planned": planned, "run": rounds}
-        await self.part(name, needs_s(rounds or min(planned, unit)), lambda: body(rounds))
+        # Not one unit fits beside the reserve: recorded as skipped with what it would need.
+        needed = needs_s(rounds) if rounds else needs_s(min(planned, unit)) + reserve_s
+        await self.part(name, needed, lambda: body(rounds))
 
     async def rotate(self, part: str, tables: dict[str, list[list[int]]], rounds: int) -> None:
         """The arms' tables in rotated rounds, one window each (its round and block recorded),
@@ -336,10 +340,16 @@ async def run(args: argparse.Namespace) -> int:
     live = Run(args, result)
     if not await wait_started(live):
         return 1
+    # The loads leave room for the shape change's smallest run: on 2026-12-01 (14:35, 14:56)
+    # a load took the time it needed and the change was skipped 3-8 s short.
+    reserve = live.change_needs_s(block_unit(args.rounds_per_block)) if args.shape_change else 0.0
     for load in result["meta"]["loads"]:
         part, shape, clients = load["part"], load["shape"], load["clients"]
         await live.fitted_part(
-            part, live.load_needs_s, lambda r, p=part, s=shape, c=clients: live.one_load(p, s, c, r)
+            part,
+            live.load_needs_s,
+            lambda r, p=part, s=shape, c=clients: live.one_load(p, s, c, r),
+            reserve_s=reserve,
         )
     if args.shape_change:
         before, after, clients = parse_change(args.shape_change)

@@ -447,6 +447,26 @@ def test_a_load_that_does_not_fit_runs_fewer_pairs_and_records_it(driver: Module
     assert live.result["skipped"][0]["part"] == "chat-like-B64"
 
 
+def test_a_load_leaves_room_for_the_shape_change_it_is_told_to(driver: ModuleType) -> None:
+    raw = json.loads(CHAT_B192_12S.read_text())
+    live = run_of(driver, raw["meta"])
+    ran: list[int] = []
+
+    async def body(rounds: int) -> None:
+        ran.append(rounds)
+
+    live.result = {"skipped": [], "durations_s": {}, "errors": []}
+    live.save = lambda: None
+    live.deadline = time.monotonic() + 374.7
+    reserve = 374.7 - live.load_needs_s(2) + 1.0  # one pair no longer fits beside it
+    asyncio.run(live.fitted_part("chat-like-B192", live.load_needs_s, body, reserve_s=reserve))
+    assert ran == [] and live.result["rounds"]["chat-like-B192"]["run"] == 0
+    live.deadline = time.monotonic() + 374.7
+    reserve = 374.7 - live.load_needs_s(2) - 1.0
+    asyncio.run(live.fitted_part("chat-like-B64", live.load_needs_s, body, reserve_s=reserve))
+    assert ran == [2]
+
+
 # -- stalls: windows where the GPU waited on the host -------------------------------------------
 
 
