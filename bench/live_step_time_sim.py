@@ -23,6 +23,8 @@
 
     .venv/bin/python bench/live_step_time_sim.py            # everything (several minutes)
     .venv/bin/python bench/live_step_time_sim.py --quick    # fewer loads, 200 replicas
+    .venv/bin/python bench/live_step_time_sim.py --setting DECISION__TRIALS=true
+        # another daemon setting: bench/results/live_step_time_sim_trials_true.json
 """
 
 from __future__ import annotations
@@ -189,12 +191,13 @@ def scenario_ks(scenario: Any) -> set[int]:
 
 
 def bench_serving(
-    loads: Sequence[int], scenario: str = SERVING, profile: Path = PROFILE
+    loads: Sequence[int], scenario: str = SERVING, profile: Path = PROFILE, **env: str
 ) -> dict[str, Any]:
+    """``env``: daemon settings other than the defaults (``DECISION__TRIALS="true"``)."""
     per_load = {}
     with tempfile.TemporaryDirectory() as tmp:
         for index, load in enumerate(loads):
-            ours = daemon_at(load, Path(tmp) / f"load-{load}", scenario, profile)
+            ours = daemon_at(load, Path(tmp) / f"load-{load}", scenario, profile, **env)
             theirs = nightjar_at(load, 1000 + index, scenario, profile)
             per_load[str(load)] = {"daemon": ours, "nightjar_style": theirs}
             print(
@@ -221,9 +224,9 @@ def bench_serving(
     }
 
 
-def bench_shape_change(horizon_after_s: float = GOAL_SHAPE_S) -> dict[str, Any]:
+def bench_shape_change(horizon_after_s: float = GOAL_SHAPE_S, **env: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        rig = Rig(SHAPE_CHANGE, PROFILE, Path(tmp), LOOP__INTERVAL_S=str(INTERVAL_S))
+        rig = Rig(SHAPE_CHANGE, PROFILE, Path(tmp), LOOP__INTERVAL_S=str(INTERVAL_S), **env)
         replica = next(iter(rig.replicas.values()))
         engine = replica.engine
         switch_at = float(rig.scenario.serving.traffic.at_s)  # type: ignore[union-attr]
@@ -268,20 +271,46 @@ def bench_shape_change(horizon_after_s: float = GOAL_SHAPE_S) -> dict[str, Any]:
     }
 
 
+def settings_of(given: Sequence[str]) -> dict[str, str]:
+    """``GROUP__NAME=VALUE`` arguments as daemon settings (a bad one is refused here)."""
+    env = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep or "__" not in name:
+            raise SystemExit(f"--setting {item!r}: expected GROUP__NAME=VALUE")
+        env[name.upper()] = value
+    return env
+
+
+def result_name(env: dict[str, str]) -> str:
+    """live_step_time_sim, or with other settings live_step_time_sim_<name>_<value>..."""
+    parts = [f"{n.split('__', 1)[1].lower()}_{v.lower()}" for n, v in sorted(env.items())]
+    return "_".join(["live_step_time_sim", *parts])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="GROUP__NAME=VALUE",
+        help="a daemon setting other than its default (e.g. DECISION__TRIALS=true); the "
+        "result then goes to live_step_time_sim_<settings>.json, not over the default's",
+    )
     args = parser.parse_args(argv)
+    env = settings_of(args.setting)
     quiet()
     started = time.perf_counter()
-    serving = bench_serving(QUICK_LOADS if args.quick else LOADS)
-    chat = bench_serving(QUICK_LOADS if args.quick else CHAT_LOADS, CHAT_LIKE, H200_INFLIGHT)
+    serving = bench_serving(QUICK_LOADS if args.quick else LOADS, **env)
+    chat = bench_serving(QUICK_LOADS if args.quick else CHAT_LOADS, CHAT_LIKE, H200_INFLIGHT, **env)
     long = bench_serving(
-        QUICK_LONG_LOADS if args.quick else LONG_LOADS, LONG_CONTEXT, H200_INFLIGHT
+        QUICK_LONG_LOADS if args.quick else LONG_LOADS, LONG_CONTEXT, H200_INFLIGHT, **env
     )
-    shape = bench_shape_change()
+    shape = bench_shape_change(**env)
     scale = bench_scale(
         PROFILE, 200 if args.quick else 1000, 4, scenario_name=SERVING, goal_rss_mb=300.0
     )
@@ -348,6 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": " ".join(["bench/live_step_time_sim.py", *(argv or sys.argv[1:])]),
         **environment(engine_version="vLLM 0.26.0, emulated (tabletune sim); no GPU"),
         "profile": str(PROFILE.relative_to(ROOT)),
+        "daemon_settings": env,
         "goals": goals,
         "serving": serving,
         "chat_like": chat,
@@ -356,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "scale": scale,
         "wall_s": time.perf_counter() - started,
     }
-    path = write_result("live_step_time_sim", payload, smoke=args.quick)
+    path = write_result(result_name(env), payload, smoke=args.quick)
     print(json.dumps(goals, indent=1))
     print(f"wrote {path}")
     return 0

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import statistics
 import sys
@@ -741,32 +742,49 @@ def nightjar_k_mix_goal(reports: list[Row], target: str) -> Row | None:
     }
 
 
+def log_text(path: Path) -> str:
+    """A log's text; one kept gzipped under bench/results/gpu_raw (``.gz``, so the tree stays
+    small enough to travel to the GPU host beside the vLLM bundle) is read through gzip."""
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes()).decode()
+    return path.read_text()
+
+
+def log_name(path: Path) -> str:
+    """The log's name as the job wrote it (without the ``.gz`` it is kept under)."""
+    return path.name.removesuffix(".gz")
+
+
 def with_clocks(raw: Row, clocks: Path, gpus: set[int] | None) -> Row:
     """``raw``'s windows annotated in place with the GPU log's samples inside them; what was
     read and how it was aligned."""
     offset = (raw["meta"].get("gpu_clocks") or {}).get("utc_offset") or "+0000"
-    alignment = annotate(raw, read_clocks(clocks.read_text(), offset), gpus)
-    return {"path": clocks.name, "utc_offset": offset, **alignment}
+    alignment = annotate(raw, read_clocks(log_text(clocks), offset), gpus)
+    return {"path": log_name(clocks), "utc_offset": offset, **alignment}
 
 
 def with_host_load(raw: Row, path: Path) -> Row:
     """``raw``'s windows annotated in place with the host log's samples wholly inside them;
     what was read and how it was aligned."""
-    return {"path": path.name, **annotate_host(raw, read_host_load(path.read_text()))}
+    return {"path": log_name(path), **annotate_host(raw, read_host_load(log_text(path)))}
 
 
 def with_gc_log(raw: Row, path: Path) -> Row:
     """``raw``'s windows annotated in place with the engine core's garbage collections logged
     wholly inside them; what was read and how it was aligned."""
-    return {"path": path.name, **annotate_gc(raw, read_for_run(raw, path.read_text()))}
+    return {"path": log_name(path), **annotate_gc(raw, read_for_run(raw, log_text(path)))}
 
 
 def beside(raw_path: Path, meta: Row, log: str) -> Path | None:
     """The log the job wrote beside its raw file (meta.gpu_clocks, meta.host_load,
     meta.gc_log), when it is there."""
     named = (meta.get(log) or {}).get("path")
-    path = raw_path.parent / named if named else None
-    return path if path is not None and path.is_file() else None
+    if not named:
+        return None
+    for path in (raw_path.parent / named, raw_path.parent / f"{named}.gz"):
+        if path.is_file():
+            return path
+    return None
 
 
 def report(

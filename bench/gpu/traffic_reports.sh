@@ -16,16 +16,16 @@ report() {  # NAME RAW-STAMP [flags...]: eval_traffic_NAME_h200.json from the ra
 }
 
 logs() {  # STAMP: the GPU, host and GC logs a launch kept beside its raw run
-  echo --gpu-clocks "$RAW/gpu_clocks_h200_$1.csv" --gpu-index 0 \
-    --host-load "$RAW/host_load_h200_$1.csv" --gc-log "$RAW/gc_log_h200_$1.txt"
+  echo --gpu-clocks "$RAW/gpu_clocks_h200_$1.csv.gz" --gpu-index 0 \
+    --host-load "$RAW/host_load_h200_$1.csv.gz" --gc-log "$RAW/gc_log_h200_$1.txt.gz"
 }
 
 report chat_like eval_traffic_chat_like_h200_20261130T1852Z.json
 report chat_like_b192 eval_traffic_chat_like_b192_h200_20261130T1932Z.json
 report chat_like_b192_12s eval_traffic_chat_like_b192_12s_h200_20261130T2359Z.json \
-  --gpu-clocks "$RAW/gpu_clocks_h200x2_20261130T2359Z.csv" --gpu-index 1
+  --gpu-clocks "$RAW/gpu_clocks_h200x2_20261130T2359Z.csv.gz" --gpu-index 1
 report chat_like_b192_4s eval_traffic_chat_like_b192_4s_h200_20261201T0244Z.json \
-  --gpu-clocks "$RAW/gpu_clocks_h200_20261201T0244Z.csv" --gpu-index 0
+  --gpu-clocks "$RAW/gpu_clocks_h200_20261201T0244Z.csv.gz" --gpu-index 0
 # shellcheck disable=SC2046  # logs prints flags, split on purpose
 report chat_like_b192_blocks eval_traffic_chat_like_b192_blocks_h200_20261201T0514Z.json \
   $(logs 20261201T0514Z)
@@ -47,8 +47,8 @@ report chat_like_b64_b128_blocks eval_traffic_chat_like_b64_b128_blocks_h200_202
 # Launches on an H200 x2 host, one job a GPU (bench/gpu/two_gpus.sh): each job's logs carry
 # both GPUs, and the report reads the job's own by the GPU its meta names.
 logs_x2() {  # STAMP GPU: the logs one job of a two-GPU launch kept (GPU: its index)
-  echo --gpu-clocks "$RAW/gpu_clocks_h200x2g$2_$1.csv" --gpu-index "$2" \
-    --host-load "$RAW/host_load_h200x2g$2_$1.csv" --gc-log "$RAW/gc_log_h200x2g$2_$1.txt"
+  echo --gpu-clocks "$RAW/gpu_clocks_h200x2g$2_$1.csv.gz" --gpu-index "$2" \
+    --host-load "$RAW/host_load_h200x2g$2_$1.csv.gz" --gc-log "$RAW/gc_log_h200x2g$2_$1.txt.gz"
 }
 # shellcheck disable=SC2046
 report decode_heavy_b128_b96_trials_blocks \
@@ -80,6 +80,21 @@ report long_context_b192_chat_like_b96_blocks \
 report decode_heavy_b128_long_context_b96_blocks \
   eval_traffic_decode_heavy_b128_long_context_b96_blocks_h200_20261201T1228Z.json \
   $(logs 20261201T1228Z)
+# One H200, 2026-12-01 14:35, 14:41, 14:48, 14:56 UTC (b000b32f; the second with trials on).
+# shellcheck disable=SC2046
+report decode_heavy_b256_shape_change_blocks \
+  eval_traffic_decode_heavy_b256_shape_change_blocks_h200_20261201T1435Z.json $(logs 20261201T1435Z)
+# shellcheck disable=SC2046
+report decode_heavy_b256_b128_trials_blocks \
+  eval_traffic_decode_heavy_b256_b128_trials_blocks_h200_20261201T1441Z.json $(logs 20261201T1441Z)
+# shellcheck disable=SC2046
+report decode_heavy_b256_long_context_b160_blocks \
+  eval_traffic_decode_heavy_b256_long_context_b160_blocks_h200_20261201T1448Z.json \
+  $(logs 20261201T1448Z)
+# shellcheck disable=SC2046
+report decode_heavy_b256_shape_change_again_blocks \
+  eval_traffic_decode_heavy_b256_shape_change_again_blocks_h200_20261201T1456Z.json \
+  $(logs 20261201T1456Z)
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json

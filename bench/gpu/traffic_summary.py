@@ -12,7 +12,9 @@ Per shape, judged on every load of every launch:
 - the Nightjar-style bandit's worst-load loss against 3x the daemon's worst: by point, and
   judgeable when the bandit's worst low bound is past 3x the daemon's worst high bound (or
   short of 3x its worst point, for a miss);
-and the shape change as each launch that ran one measured it.
+and the shape change as each launch that ran one measured it. The daemon's goal is also given
+over the launches of the newest commit whose daemon ran on its default settings
+(``daemon_at_newest_commit``): older launches ran a daemon since changed.
 
     .venv/bin/python bench/gpu/traffic_summary.py   # bench/results/eval_traffic_summary_h200.*
 """
@@ -59,6 +61,9 @@ def rows_of(report: Row, name: str) -> list[Row]:
             "daemon_loss": daemon["loss_from_k_mix"],
             "daemon_bound": [daemon["loss_lower_bound"], daemon["loss_upper_bound"]],
         }
+        changed = (meta.get("daemon") or {}).get("settings_from_env") or {}
+        if changed:  # the daemon ran with settings other than its defaults
+            row["daemon_settings"] = changed
         if entry.get("daemon_trial_at_stop"):  # the arm ran a trial's table: the standing one
             row["daemon_loss"] = entry["tables_by_k_mix"]["daemon_standing"]["loss_from_k_mix"]
             row["daemon_bound"] = None
@@ -154,7 +159,27 @@ def summarize(reports: dict[str, Row]) -> Row:
             for shape, group in by_shape.items()
         }
         | {"shape_change": shape_changes(chosen)},
+        "daemon_at_newest_commit": newest_commit_goals(rows),
         "loads": dict(by_shape),
+    }
+
+
+def newest_commit_goals(rows: list[Row]) -> Row:
+    """The daemon's goal per shape over the newest commit's launches (by date) whose daemon
+    ran on its default settings."""
+    if not rows:
+        return {}
+    commit = max(rows, key=lambda r: r["date"])["commit"]
+    mine = [r for r in rows if r["commit"] == commit and not r.get("daemon_settings")]
+    shapes = sorted({r["shape"] for r in mine})
+    return {
+        "commit": commit,
+        "goals": {
+            shape: daemon_goal(
+                [r for r in mine if r["shape"] == shape], GOALS.get(shape, DEFAULT_GOAL)
+            )
+            for shape in shapes
+        },
     }
 
 

@@ -3,6 +3,7 @@ or rebuilt from the driver's schedule (checked against the H200 launch's own log
 
 from __future__ import annotations
 
+import gzip
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -130,7 +131,8 @@ def test_the_rebuilt_schedule_of_the_h200_launch_meets_its_gpu_going_busy(
     """2026-11-30: the eval ran on GPU 1; the load's clients start at the rebuilt ready time,
     when GPU 1 went from idle to busy."""
     raw = json.loads((RAW / "eval_traffic_chat_like_b192_12s_h200_20261130T2359Z.json").read_text())
-    log = clocks.read_clocks((RAW / "gpu_clocks_h200x2_20261130T2359Z.csv").read_text())
+    kept = RAW / "gpu_clocks_h200x2_20261130T2359Z.csv.gz"
+    log = clocks.read_clocks(gzip.decompress(kept.read_bytes()).decode())
     ready = datetime.fromisoformat(raw["meta"]["date"]) + timedelta(
         seconds=raw["meta"]["startup_s"]
     )

@@ -30,10 +30,15 @@ def _load(
 
 
 def _report(
-    loads: dict[str, Row], *, target: str = "qwen3-4b", date: str = "2026-12-01T12:11"
+    loads: dict[str, Row],
+    *,
+    target: str = "qwen3-4b",
+    date: str = "2026-12-01T12:11",
+    commit: str = "7178143c",
+    settings: Row | None = None,
 ) -> Row:
-    meta = {"date": date, "commit": "7178143c", "target": target, "engine_version": "0.26.0",
-            "device": "NVIDIA H200"}  # fmt: skip
+    meta = {"date": date, "commit": commit, "target": target, "engine_version": "0.26.0",
+            "device": "NVIDIA H200", "daemon": {"settings_from_env": settings or {}}}  # fmt: skip
     return {"meta": meta, "loads": loads, "goals": {}}
 
 
@@ -111,3 +116,22 @@ def test_the_committed_summary_is_what_the_committed_reports_give() -> None:
     reports = summary_module.committed_reports()
     fresh = json.loads(json.dumps(summary_module.summarize(reports), ensure_ascii=False))
     assert {k: committed[k] for k in fresh} == fresh
+
+
+def test_the_newest_commits_default_daemon_is_judged_apart() -> None:
+    reports = {
+        "old.json": _report({"decode-heavy-B256": _load(0.16, (0.0, 0.3), batch=254.0)}),
+        "new.json": _report({"decode-heavy-B256": _load(0.0, (0.0, 0.01), batch=254.0)},
+                            date="2026-12-01T14:48", commit="b000b32f"),
+        "trials.json": _report({"decode-heavy-B128": _load(0.02, (0.0, 0.05))},
+                               date="2026-12-01T14:41", commit="b000b32f",
+                               settings={"TABLETUNE_DECISION__TRIALS": "true"}),
+    }  # fmt: skip
+    out = summary_module.summarize(reports)
+    assert out["goals"]["decode-heavy"]["daemon_worst_load_loss"]["verdict"] == "missed"
+    newest = out["daemon_at_newest_commit"]
+    assert newest["commit"] == "b000b32"
+    goal = newest["goals"]["decode-heavy"]
+    assert goal["verdict"] == "met" and goal["worst_at"] == "B≈254 (2026-12-01T14:48)"
+    trials = [r for r in out["loads"]["decode-heavy"] if r["report"] == "trials.json"]
+    assert trials[0]["daemon_settings"] == {"TABLETUNE_DECISION__TRIALS": "true"}

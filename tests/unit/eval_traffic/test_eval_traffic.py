@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import statistics
 import subprocess
@@ -704,3 +705,20 @@ def test_a_daemon_stopped_inside_a_trial_stood_on_the_table_the_trial_replaced(
     run["daemon_log_tails"] = {f"{part}-daemon": ended}
     load = report.report(run)["loads"][part]
     assert "daemon_trial_at_stop" not in load and "daemon_standing" not in load["tables_by_k_mix"]
+
+
+def test_a_log_kept_gzipped_reads_as_the_job_wrote_it(report: ModuleType, tmp_path: Path) -> None:
+    text = "timestamp, index, utilization.gpu [%]\n2026/12/01 14:35:24.123, 0, 97 %\n"
+    plain = tmp_path / "gpu_clocks.csv"
+    plain.write_text(text)
+    kept = tmp_path / "gpu_clocks_h200_20261201T1435Z.csv.gz"
+    kept.write_bytes(gzip.compress(text.encode()))
+    assert report.log_text(kept) == report.log_text(plain) == text
+    assert report.log_name(kept) == "gpu_clocks_h200_20261201T1435Z.csv"
+    plain.unlink()
+    gz_beside = tmp_path / "gpu_clocks.csv.gz"
+    gz_beside.write_bytes(kept.read_bytes())
+    raw_path = tmp_path / "eval_traffic.json"
+    meta = {"gpu_clocks": {"path": "gpu_clocks.csv"}}
+    assert report.beside(raw_path, meta, "gpu_clocks") == gz_beside
+    assert report.beside(raw_path, {"gpu_clocks": {"path": "other.csv"}}, "gpu_clocks") is None
