@@ -200,9 +200,21 @@ def table_time_mix(table: list[list[int]], windows: list[Row]) -> dict[int, floa
     return {k: round(v / total, 4) for k, v in sorted(spent.items())} if total else {}
 
 
+def default_profile_table(meta: Row) -> list[list[int]] | None:
+    """The table of the target's pure-decode profile (``profiles/h200-<target>-eagle3``, the
+    profiler's default method), when there is one and the launch's measured table is another
+    (the launches ran the fast profiler's in-flight one)."""
+    path = ROOT / "profiles" / f"h200-{meta.get('target')}-eagle3.table.json"
+    measured = (meta.get("measured_table") or {}).get("path")
+    if not path.is_file() or (measured and Path(measured).name == path.name):
+        return None
+    return [list(r) for r in json.loads(path.read_text())["ranges"]]
+
+
 def tables_by_k_mix(meta: Row, windows: list[Row], best: str, arms: dict[str, Row],
                     key: str, standing: list[list[int]] | None = None) -> Row:  # fmt: skip
-    """vLLM's documented table and the measured one priced by the k they would run here, run as
+    """vLLM's documented table, the measured one and the target's pure-decode profile's
+    (``default_profile_table``) priced by the k they would run here, run as
     arms or not: a table at one load is the fixed k it picks there (steps at a k not run are not
     priced, their share given apart). ``standing``: the daemon's own table when its part ended
     inside a trial (its arm then ran the trial's table), priced the same way."""
@@ -210,6 +222,9 @@ def tables_by_k_mix(meta: Row, windows: list[Row], best: str, arms: dict[str, Ro
                              if s <= MAX_NUM_SEQS]}  # fmt: skip
     if (meta.get("measured_table") or {}).get("ranges"):
         tables["measured"] = meta["measured_table"]["ranges"]
+    default = default_profile_table(meta)
+    if default is not None:
+        tables["measured_default_profile"] = default
     if standing is not None:
         tables["daemon_standing"] = standing
     out = {}

@@ -9,6 +9,8 @@ Per shape, judged on every load of every launch:
 - the daemon's worst-load loss against the goal (<= 1.5 % decode-heavy, <= 3 % else): "met"
   when every bound is within it, "missed" when some loss by point is past it, else "not
   judgeable";
+- each static table's worst loss by k mix (vLLM's documented one, the measured one, the
+  pure-decode profile's), for comparison;
 - the Nightjar-style bandit's worst-load loss against 3x the daemon's worst: by point, and
   judgeable when the bandit's worst low bound is past 3x the daemon's worst high bound (or
   short of 3x its worst point, for a miss);
@@ -61,6 +63,12 @@ def rows_of(report: Row, name: str) -> list[Row]:
             "daemon_loss": daemon["loss_from_k_mix"],
             "daemon_bound": [daemon["loss_lower_bound"], daemon["loss_upper_bound"]],
         }
+        row["tables"] = {
+            table: {"loss": priced["loss_from_k_mix"],
+                    "share_at_k_not_run": priced["share_at_k_not_run"]}
+            for table, priced in (entry.get("tables_by_k_mix") or {}).items()
+            if table != "daemon_standing"
+        }  # fmt: skip
         changed = (meta.get("daemon") or {}).get("settings_from_env") or {}
         if changed:  # the daemon ran with settings other than its defaults
             row["daemon_settings"] = changed
@@ -95,6 +103,22 @@ def daemon_goal(rows: list[Row], limit: float) -> Row:
             _where(r) for r in rows if r["daemon_bound"] is None or r["daemon_bound"][1] > limit
         ],
     }
+
+
+def tables_worst(rows: list[Row]) -> Row:
+    """Per static table (vLLM's documented one, the measured ones), its worst loss by k mix
+    over the shape's loads and where; steps at a k no arm ran are not priced (their share is
+    given), so a worst here is a lower bound where that share is not 0."""
+    out: Row = {}
+    for name in sorted({t for r in rows for t in r.get("tables", {})}):
+        priced = [r for r in rows if name in r.get("tables", {})]
+        worst = max(priced, key=lambda r: r["tables"][name]["loss"])
+        out[name] = {
+            "worst": worst["tables"][name]["loss"],
+            "worst_at": _where(worst),
+            "share_at_k_not_run_there": worst["tables"][name]["share_at_k_not_run"],
+        }
+    return out
 
 
 def nightjar_goal(rows: list[Row]) -> Row:
@@ -155,6 +179,7 @@ def summarize(reports: dict[str, Row]) -> Row:
             shape: {
                 "daemon_worst_load_loss": daemon_goal(group, GOALS.get(shape, DEFAULT_GOAL)),
                 "nightjar_style_over_daemon": nightjar_goal(group),
+                "static_tables_worst": tables_worst(group),
             }
             for shape, group in by_shape.items()
         }

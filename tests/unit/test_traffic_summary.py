@@ -135,3 +135,20 @@ def test_the_newest_commits_default_daemon_is_judged_apart() -> None:
     assert goal["verdict"] == "met" and goal["worst_at"] == "B≈254 (2026-12-01T14:48)"
     trials = [r for r in out["loads"]["decode-heavy"] if r["report"] == "trials.json"]
     assert trials[0]["daemon_settings"] == {"TABLETUNE_DECISION__TRIALS": "true"}
+
+
+def test_the_static_tables_worst_loss_is_given_per_shape() -> None:
+    priced = {"documented": {"loss_from_k_mix": 0.2, "share_at_k_not_run": 0.0},
+              "measured": {"loss_from_k_mix": 0.05, "share_at_k_not_run": 0.1}}  # fmt: skip
+    other = {"documented": {"loss_from_k_mix": 0.3, "share_at_k_not_run": 0.0}}
+    reports = {
+        "a.json": _report({"decode-heavy-B128": _load(0.0, (0.0, 0.01), tables_by_k_mix=priced),
+                           "decode-heavy-B96": _load(0.0, (0.0, 0.01), batch=94.7,
+                                                     tables_by_k_mix=other)}),
+    }  # fmt: skip
+    worst = summary_module.summarize(reports)["goals"]["decode-heavy"]["static_tables_worst"]
+    assert worst["documented"] == {"worst": 0.3, "worst_at": "B≈95 (2026-12-01T12:11)",
+                                   "share_at_k_not_run_there": 0.0}  # fmt: skip
+    assert (
+        worst["measured"]["worst"] == 0.05 and worst["measured"]["share_at_k_not_run_there"] == 0.1
+    )

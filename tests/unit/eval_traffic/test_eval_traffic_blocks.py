@@ -509,3 +509,19 @@ def test_a_table_is_priced_by_the_time_its_k_would_take_on_each_batch_cell(
         {(1, 97, 104): CellTotals(50.0, 1.0, 0.02, 50.0 * 100 * 2, 50.0 * 100)}, 0.0)  # fmt: skip
     mix = report.table_time_mix([[1, 128, 1], [129, 256, 3]], windows)
     assert mix == {1: round(2 / 7, 4), 3: round(5 / 7, 4)}
+
+
+def test_the_default_profiles_table_is_priced_beside_the_in_flight_one(
+    driver: ModuleType, report: ModuleType
+) -> None:
+    """The issue asks for the measured table of the default (pure-decode) profile too: for the
+    4B target it is profiles/h200-qwen3-4b-eagle3.table.json (k=1 from 164)."""
+    raw, part = block_run(driver, per_block=2, stall_blocks=set())
+    raw["meta"]["target"] = "qwen3-4b"
+    raw["meta"]["measured_table"] = {"path": "profiles/h200-qwen3-4b-eagle3-inflight.table.json",
+                                     "ranges": [[1, 128, 3], [129, 256, 1]]}  # fmt: skip
+    tables = report.report(raw)["loads"][part]["tables_by_k_mix"]
+    default = tables["measured_default_profile"]
+    assert default["table"][-1] == [164, 256, 1] and default["k_time_mix"] == {1: 1.0}
+    raw["meta"]["target"] = "no-such-target"
+    assert "measured_default_profile" not in report.report(raw)["loads"][part]["tables_by_k_mix"]
