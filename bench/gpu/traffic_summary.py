@@ -84,6 +84,20 @@ def rows_of(report: Row, name: str) -> list[Row]:
     return out
 
 
+class ReportError(ValueError):
+    """A report lacks what the summary reads (not one eval_traffic_report.py wrote)."""
+
+
+def read_rows(report: Row, name: str) -> list[Row]:
+    """``rows_of``, with a report that lacks a field it reads named in one line."""
+    try:
+        return rows_of(report, name)
+    except (KeyError, TypeError) as error:
+        raise ReportError(
+            f"{name}: not a report eval_traffic_report.py writes ({error!r})"
+        ) from None
+
+
 def daemon_goal(rows: list[Row], limit: float) -> Row:
     worst = max(rows, key=lambda r: r["daemon_loss"])
     bounded = [r for r in rows if r["daemon_bound"] is not None]
@@ -165,7 +179,7 @@ def shape_changes(reports: dict[str, Row]) -> list[Row]:
 def summarize(reports: dict[str, Row]) -> Row:
     """``reports``: file name -> report. Rows of the target's runs in blocks, goals per shape."""
     chosen = {n: r for n, r in reports.items() if r["meta"].get("target") == TARGET}
-    rows = [row for name, rep in sorted(chosen.items()) for row in rows_of(rep, name)]
+    rows = [row for name, rep in sorted(chosen.items()) for row in read_rows(rep, name)]
     by_shape: dict[str, list[Row]] = defaultdict(list)
     for row in sorted(rows, key=lambda r: (r["shape"], r["effective_batch"], r["date"])):
         by_shape[row["shape"]].append(row)
@@ -255,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=SUMMARY)
     args = parser.parse_args(argv)
-    summary = summarize(committed_reports())
+    try:
+        summary = summarize(committed_reports())
+    except ReportError as error:
+        parser.error(str(error))
     made = {
         "what": __doc__.splitlines()[0],
         "command": "bench/gpu/traffic_summary.py",

@@ -152,3 +152,10 @@ def test_the_static_tables_worst_loss_is_given_per_shape() -> None:
     assert (
         worst["measured"]["worst"] == 0.05 and worst["measured"]["share_at_k_not_run_there"] == 0.1
     )
+
+
+def test_a_report_without_what_the_summary_reads_is_named() -> None:
+    broken = _report({"decode-heavy-B128": _load(0.0, (0.0, 0.01))})
+    del broken["loads"]["decode-heavy-B128"]["best_fixed_k"]
+    with pytest.raises(summary_module.ReportError, match=r"broken\.json.*best_fixed_k"):
+        summary_module.summarize({"broken.json": broken})
