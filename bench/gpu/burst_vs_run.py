@@ -115,6 +115,36 @@ def compare(raw: Row) -> list[Row]:
     return out
 
 
+def switch_steps(raw: Row) -> list[Row]:
+    """Per daemon part whose windows counted steps at a new k (the plugin counts them apart,
+    not in the cells; windows record them since 2026-12-01 15:20): their number and mean time
+    beside the part's running steps' (each cell's busiest k), to see whether a burst's cost
+    lands on its first step or the one back."""
+    out = []
+    parts = sorted({w["part"] for w in raw["windows"] if w["part"].endswith("-daemon")})
+    for part in parts:
+        windows = [w for w in raw["windows"] if w["part"] == part]
+        steps = sum(w["cells"].get("switch_steps", 0) for w in windows)
+        if steps <= 0:
+            continue
+        seconds = sum(w["cells"].get("switch_seconds", 0.0) for w in windows)
+        run = [0.0, 0.0]
+        for window in windows:
+            by_cell: dict[tuple[int, int], list[list[float]]] = defaultdict(list)
+            for cell in window["cells"]["cells"]:
+                by_cell[(cell[1], cell[2])].append(cell)
+            for cells in by_cell.values():
+                busiest = max(cells, key=lambda cell: cell[3])
+                run[0] += busiest[3]
+                run[1] += busiest[4]
+        out.append({
+            "load": part.removesuffix("-daemon"), "switch_steps": int(steps),
+            "switch_ms": round(1000 * seconds / steps, 2),
+            "running_ms": round(1000 * run[1] / run[0], 2) if run[0] else None,
+        })  # fmt: skip
+    return out
+
+
 def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate, PoolProfile]]:
     """The daemon part's windows fed in turn into this checkout's estimator (default step-time
     settings, the part's prior): each window, the seconds so far and the estimate after it."""
@@ -186,11 +216,12 @@ def main() -> int:
     parser.add_argument("--view-raw", help="the raw run holding --view's part")
     parser.add_argument("--out", default=str(ROOT / "bench/results/burst_vs_run_h200.json"))
     args = parser.parse_args()
-    pairs, spreads = [], []
+    pairs, spreads, switches = [], [], []
     for path in args.raw:
         raw = json.loads(Path(path).read_text())
         pairs += [{"raw": Path(path).name, **row} for row in compare(raw)]
         spreads += [{"raw": Path(path).name, **row} for row in arm_spreads(raw)]
+        switches += [{"raw": Path(path).name, **row} for row in switch_steps(raw)]
     ratios = [p["ratio"] for p in pairs]
     result: Row = {
         "what": __doc__.split("\n\n")[0].replace("\n", " "),
@@ -199,6 +230,7 @@ def main() -> int:
         "ratio_median": statistics.median(ratios) if ratios else None,
         "ratio_range": [min(ratios), max(ratios)] if ratios else None,
         "arm_step_spreads": spreads,
+        "switch_steps": switches,
     }
     if args.view:
         if not args.view_raw:

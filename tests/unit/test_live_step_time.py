@@ -104,6 +104,21 @@ def test_a_window_holds_the_increases_of_vllms_counters_and_of_the_cells(
     assert row["vllm"]["vllm:generation_tokens_total"] == 20_000
 
 
+def test_a_window_counts_the_steps_at_a_new_k_the_plugin_counts_apart(
+    driver: ModuleType,
+) -> None:
+    registry = CollectorRegistry()
+    engine = TableTuneMetrics(registry).for_engine(model_name="qwen3-4b", engine="0")
+    cells = {(3, 129, 136): CellTotals(10, 0.2, 0.0041, 5200, 1300)}
+    engine.publish_steps(StepCellsRead(cells, 0.0, 1000.0, 4, 0.12))
+    before = driver.parse_samples(generate_latest(registry).decode())
+    engine.publish_steps(StepCellsRead(cells, 0.0, 1000.0, 10, 0.42))
+    after = driver.parse_samples(generate_latest(registry).decode())
+    increase = driver.cells_increase(after, before)
+    assert increase["switch_steps"] == 6
+    assert increase["switch_seconds"] == pytest.approx(0.30)
+
+
 def test_cells_without_steps_in_the_window_are_left_out(driver: ModuleType) -> None:
     same = scrape([cell_samples(1, "7", 5, 0.05, 35)])
     increase = driver.cells_increase(same, same)
