@@ -94,6 +94,7 @@ class FakeEngine:
         self.fail_next: list[int] = []
         """statuses to answer the next completions with (then normal again)"""
         self.hang_next = 0
+        self.hang_s = 1.0  # how long a hung request waits: longer than the client's timeout
         """completions that never answer in time (real sleep; pair with a short timeout)"""
         self.completions: list[tuple[int, int, int]] = []
         """(B, max_tokens, k) of every completion served"""
@@ -187,7 +188,7 @@ class FakeEngine:
             body = await request.json()
             if self.hang_next > 0:
                 self.hang_next -= 1
-                await asyncio.sleep(1.0)  # longer than the test client's timeout
+                await asyncio.sleep(self.hang_s)
             if self.fail_next:
                 status = self.fail_next.pop(0)
                 return JSONResponse({"error": "injected"}, status_code=status)
