@@ -91,7 +91,7 @@ def decide(
     k: what the other k show under the new traffic can be far from what it shows, and the
     neighbour bursts measure it first. With trials on (``settings.trials``), a k that only
     bursts measured at the load's batch cell (fewer than ``trial_steps`` steps run as the
-    cell's main k) does not replace the running k there either: bursts read a k 0.78-1.53x
+    cell's main k) does not replace the running k there either: bursts read a k 0.71-1.53x
     what it runs at (bench/results/burst_vs_run_h200.json), so it is tried on a run of its own
     first (daemon.trial), and kept only if that run wins. A k ``recently_tried`` there (k, the
     cell's first batch size), which no trial may take again yet, is judged on its bursts as

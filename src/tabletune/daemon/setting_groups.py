@@ -222,7 +222,8 @@ class DecisionSettings(_Group):
         default=False,
         description=(
             "where only neighbour bursts measured a k that could beat the table's k at the "
-            "load, put it in for the load's batch cell so it is judged on a run of its own"
+            "load, put it in for the load's batch cell so it is judged on a run of its own "
+            "(bursts alone then never put a k in there)"
         ),
     )
     trial_z: float = Field(
