@@ -62,15 +62,20 @@ def _step_sd_ms(steps: float, seconds: float, seconds_sq: float) -> float:
     return 1000 * math.sqrt(max(seconds_sq / steps - mean * mean, 0.0))
 
 
+def by_batch_cell(window: Row) -> dict[tuple[int, int], list[list[float]]]:
+    """A window's cells (wire rows, one per k) grouped by their batch cell (low, high)."""
+    grouped: dict[tuple[int, int], list[list[float]]] = defaultdict(list)
+    for cell in window["cells"]["cells"]:
+        grouped[(cell[1], cell[2])].append(cell)
+    return grouped
+
+
 def burst_sums(windows: Iterable[Row]) -> dict[tuple[int, int, int], list[float]]:
     """(k, low, high) -> steps, seconds, tokens, seconds squared of the burst steps in a daemon
     part's windows."""
     sums: dict[Any, list[float]] = {}
     for window in windows:
-        by_cell: dict[tuple[int, int], list[list[float]]] = defaultdict(list)
-        for cell in window["cells"]["cells"]:
-            by_cell[(cell[1], cell[2])].append(cell)
-        for (low, high), cells in by_cell.items():
+        for (low, high), cells in by_batch_cell(window).items():
             busiest = max(cell[3] for cell in cells)
             for cell in cells:
                 if cell[3] < busiest * BURST_SHARE:
@@ -130,10 +135,7 @@ def switch_steps(raw: Row) -> list[Row]:
         seconds = sum(w["cells"].get("switch_seconds", 0.0) for w in windows)
         run = [0.0, 0.0]
         for window in windows:
-            by_cell: dict[tuple[int, int], list[list[float]]] = defaultdict(list)
-            for cell in window["cells"]["cells"]:
-                by_cell[(cell[1], cell[2])].append(cell)
-            for cells in by_cell.values():
+            for cells in by_batch_cell(window).values():
                 busiest = max(cells, key=lambda cell: cell[3])
                 run[0] += busiest[3]
                 run[1] += busiest[4]

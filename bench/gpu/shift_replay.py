@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tabletune.daemon.profiles import load_pools  # noqa: E402
+from tabletune.daemon.setting_groups import StepTimeSettings  # noqa: E402
 from tabletune.daemon.settings import load_settings  # noqa: E402
 from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout  # noqa: E402
 from tabletune.step_cells import CellKey, CellTotals, cells_from_wire  # noqa: E402
@@ -37,7 +38,7 @@ def steady_parts(raw: Row) -> list[str]:
 
 def shifts_in(windows: Iterable[Row], layout: StepTimeLayout, cycle_s: float) -> list[float]:
     """Seconds into the part at which the check read a change, windows summed into cycles."""
-    step_time = load_settings({}).step_time
+    step_time = StepTimeSettings()  # the daemon's defaults
     estimator = StepTimeEstimator(layout)
     elapsed = waited = 0.0
     cycle: dict[CellKey, CellTotals] = {}

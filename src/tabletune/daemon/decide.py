@@ -240,18 +240,13 @@ def _unproven_barred(
     k, or one only bursts measured (``bursts_only``), would replace the running table's k."""
     sigma = estimates.relative_sigma
     sigma = None if sigma is None else sigma[:, :max_batch]
-    if baseline is None or (estimates.unproven is None and bursts_only is None):
+    unproven = estimates.unproven
+    masks = [m for m in (None if unproven is None else unproven[:, :max_batch], bursts_only)
+             if m is not None]  # fmt: skip
+    if baseline is None or not masks:
         return sigma
     ks = np.asarray(estimates.step_times.ks)[:, None]
-    shape = (len(estimates.step_times.ks), max_batch)
-    unproven = (
-        np.zeros(shape, dtype=bool)
-        if estimates.unproven is None
-        else estimates.unproven[:, :max_batch]
-    )
-    if bursts_only is not None:
-        unproven = unproven | bursts_only
-    barred = unproven & (ks != np.asarray(baseline)[None, :])
+    barred = np.logical_or.reduce(masks) & (ks != np.asarray(baseline)[None, :])
     if not barred.any():
         return sigma
     base = np.zeros(barred.shape) if sigma is None else sigma
