@@ -50,6 +50,8 @@ from bench.common import environment, write_result  # noqa: E402
 from bench.daemon_bench import bench_scale  # noqa: E402
 from bench.harness import ReplicaAdmin, Rig, run_per_step  # noqa: E402
 from tabletune.baselines import NightjarStylePolicy  # noqa: E402
+from tabletune.daemon.settings import load_settings  # noqa: E402
+from tabletune.errors import InputError  # noqa: E402
 from tabletune.sim.build import build_engine, resolve_profile  # noqa: E402
 from tabletune.sim.engine import EngineSim  # noqa: E402
 from tabletune.sim.scenario import ConstantLoad, load_scenario  # noqa: E402
@@ -271,14 +273,25 @@ def bench_shape_change(horizon_after_s: float = GOAL_SHAPE_S, **env: str) -> dic
     }
 
 
+# Set by the benchmark itself for every run (its cycle and where the daemon keeps its files).
+OWN_SETTINGS = ("LOOP__INTERVAL_S", "PROFILE__PATHS", "STATE__DIR", "SERVER__PORT")
+
+
 def settings_of(given: Sequence[str]) -> dict[str, str]:
-    """``GROUP__NAME=VALUE`` arguments as daemon settings (a bad one is refused here)."""
+    """``GROUP__NAME=VALUE`` arguments as daemon settings, each checked by the daemon's own
+    settings before anything runs (a bad one is refused here, in one line)."""
     env = {}
     for item in given:
         name, sep, value = item.partition("=")
         if not sep or "__" not in name:
             raise SystemExit(f"--setting {item!r}: expected GROUP__NAME=VALUE")
+        if name.upper() in OWN_SETTINGS:
+            raise SystemExit(f"--setting {item!r}: this benchmark sets {name.upper()} itself")
         env[name.upper()] = value
+    try:
+        load_settings({f"TABLETUNE_{name}": value for name, value in env.items()})
+    except InputError as error:
+        raise SystemExit(f"--setting: {error}") from None
     return env
 
 

@@ -17,3 +17,18 @@ def test_other_settings_name_their_own_result() -> None:
 def test_a_setting_without_group_name_and_value_is_refused(bad: str) -> None:
     with pytest.raises(SystemExit, match="GROUP__NAME=VALUE"):
         settings_of([bad])
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("DECISION__TRIALS=perhaps", "TABLETUNE_DECISION__TRIALS"),
+        ("DECISION__NO_SUCH=1", "NO_SUCH"),
+        ("LOOP__INTERVAL_S=3", "sets LOOP__INTERVAL_S itself"),
+    ],
+)
+def test_a_setting_the_daemon_or_the_benchmark_would_refuse_is_refused_before_any_run(
+    bad: str, says: str
+) -> None:
+    with pytest.raises(SystemExit, match=says):
+        settings_of([bad])
