@@ -28,7 +28,7 @@ Then, with ``--shape-change BEFORE:AFTER:N``, a change of traffic under the daem
 
   change    N clients of BEFORE traffic, the daemon from the quarter table for CHANGE_BEFORE_S,
             then the clients switched to AFTER (the old requests abandoned) with the daemon
-            still running for CHANGE_AFTER_S: windows throughout; then fixed k=1..3, the table
+            still running for CHANGE_AFTER_S: windows throughout; then fixed k=0..3, the table
             in force at the change (``before``) and the daemon's last (``after``), rotated
 
 Every window is a raw row as in live_step_time.py (vLLM's counter increases, the plugin's step
@@ -184,8 +184,8 @@ class Run(DaemonRun):
 
     async def shape_change(self, before: str, after: str, clients: int, rounds: int) -> None:
         """The daemon under ``before`` traffic for CHANGE_BEFORE_S, then the traffic switched
-        to ``after`` under it for CHANGE_AFTER_S (windows throughout); then fixed k=1..3, the
-        table in force at the change and the daemon's last table, rotated, on ``after``."""
+        to ``after`` under it for CHANGE_AFTER_S (windows throughout); then ``change_tables``
+        rotated on ``after``."""
         part = change_part(before, after, clients)
         loads = [self.closed_loop(seed=clients, shape=SHAPES[before], clients=clients)]
         record: Row = {"part": part, "before": before, "after": after, "clients": clients}
@@ -205,14 +205,20 @@ class Run(DaemonRun):
             final = await self.run_daemon(f"{part}-daemon", start, seconds, event=event)
             record["daemon_table"] = final
             self.save()
-            tables = {**{f"k{k}": self.fixed_table(k) for k in (1, 2, 3)},
-                      "before": record["table_at_change"], "after": final}  # fmt: skip
-            await self.rotate(part, tables, rounds)
+            await self.rotate(part, self.change_tables(record["table_at_change"], final), rounds)
         finally:
             await loads[-1].drain()
 
+    def change_tables(self, before: list[list[int]], after: list[list[int]]
+                      ) -> dict[str, list[list[int]]]:  # fmt: skip
+        """The arms rotated on the new traffic: every fixed k (k0 too: the daemon's bursts
+        run it, and a k no arm ran is priced lost whole), the table at the change, the last."""
+        return {**{f"k{k}": self.fixed_table(k) for k in range(4)},
+                "before": before, "after": after}  # fmt: skip
+
     def change_needs_s(self, rounds: int) -> float:
-        return self.needs_s(5, self.args.change_before_s + self.args.change_after_s, rounds)
+        arms = len(self.change_tables([], []))
+        return self.needs_s(arms, self.args.change_before_s + self.args.change_after_s, rounds)
 
     def load_needs_s(self, rounds: int) -> float:
         args = self.args
