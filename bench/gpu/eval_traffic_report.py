@@ -556,12 +556,24 @@ def shape_change_report(raw: Row) -> Row | None:
                 else None
             )
     gap = mix_loss([w for w in arms if w["arm"] == "before"])
+
+    def table_loss(table: list[list[int]]) -> float | None:
+        """A table priced on the new traffic: the k it runs on the rotated arms' batch cells."""
+        mix = table_time_mix(table, arms)
+        return round(sum(share * fixed_loss.get(k, 1.0) for k, share in mix.items()), 4) if (
+            mix and fixed) else None  # fmt: skip
+
+    table_gap = table_loss(change["table_at_change"])
     by_mix: dict[str, float | None] = {}
+    by_table: dict[str, float | None] = {}
     for mark in (30, 60, 90):
         upto = [w for w in after if w["since_change_s"] <= mark + 1e-9]
         loss = upto[-1]["loss_from_k_mix"] if upto else None
         by_mix[f"{mark}s"] = (round(1.0 - loss / gap, 3)
                               if loss is not None and gap else None)  # fmt: skip
+        in_force = table_loss(upto[-1]["table"]) if upto else None
+        by_table[f"{mark}s"] = (round(1.0 - in_force / table_gap, 3)
+                                if in_force is not None and table_gap else None)  # fmt: skip
     return {
         **change,
         "windows_after_the_change": after,
@@ -570,8 +582,13 @@ def shape_change_report(raw: Row) -> Row | None:
         "share_of_gap_recovered": shares,
         "loss_from_k_mix_of_the_table_at_the_change": gap,
         "share_of_gap_recovered_by_k_mix": by_mix,
+        "loss_from_table_at_the_change": table_gap,
+        "share_of_gap_recovered_by_table": by_table,
         "note": "by the window ending at or before each mark; the gap is measured with single "
-        "windows on both ends, so read it with the same-arm spread of the arms",
+        "windows on both ends, so read it with the same-arm spread of the arms. By k mix: that "
+        "window's steps, its exploring bursts included (a k no arm ran lost whole). By table: "
+        "the daemon's table in force then, priced on the k it runs over the rotated arms' "
+        "batch cells, as its arm is judged at every load (exploring off)",
     }
 
 
@@ -587,6 +604,7 @@ def shape_change_goal(change: Row | None) -> Row:
         return goal(measured, target, ok)
 
     by_mix = change.get("share_of_gap_recovered_by_k_mix", {}).get("90s")
+    by_table = change.get("share_of_gap_recovered_by_table", {}).get("90s")
     return {
         **judged(change["share_of_gap_recovered"].get("90s")),
         "by_k_mix": {
@@ -594,6 +612,13 @@ def shape_change_goal(change: Row | None) -> Row:
             "note": "the gap read from the k the steps ran: each window's steps at each k times "
             "that k's loss on the new traffic (the fixed arms' means after the change; a k not "
             "run lost whole), against the same for the table in force at the change",
+        },
+        "by_table": {
+            **judged(by_table),
+            "note": "the gap read from the daemon's table in force at 90 s against the table in "
+            "force at the change, each priced on the k it runs over the rotated arms' batch "
+            "cells after the change (a k not run lost whole): the daemon's table, as every "
+            "load's daemon arm is judged; its exploring bursts are in by_k_mix",
         },
     }
 

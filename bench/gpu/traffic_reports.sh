@@ -96,5 +96,12 @@ report decode_heavy_b256_shape_change_again_blocks \
   eval_traffic_decode_heavy_b256_shape_change_again_blocks_h200_20261201T1456Z.json \
   $(logs 20261201T1456Z)
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
+report decode_heavy_b128_shape_change_blocks \
+  eval_traffic_decode_heavy_b128_shape_change_blocks_h200_20261201T1627Z.json $(logs 20261201T1627Z)
+report decode_heavy_b256_44_rounds_blocks \
+  eval_traffic_decode_heavy_b256_44_rounds_blocks_h200_20261201T1635Z.json $(logs 20261201T1635Z)
+report chat_like_b192_shape_change_nightjar_blocks \
+  eval_traffic_chat_like_b192_shape_change_nightjar_blocks_h200_20261201T1643Z.json \
+  $(logs 20261201T1643Z)
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json

@@ -163,15 +163,22 @@ def nightjar_goal(rows: list[Row]) -> Row:
 
 
 def shape_changes(reports: dict[str, Row]) -> list[Row]:
+    """Each launch's shape change, judged by the daemon's table in force (as every load's
+    daemon arm is judged, exploring off), the reading of its steps (bursts included) beside."""
     out = []
     for name, report in sorted(reports.items()):
         change = (report.get("goals") or {}).get("shape_change") or {}
         if change.get("measured") is None:
             continue
-        by_mix = change.get("by_k_mix") or change
+        judged = change.get("by_table") or change.get("by_k_mix") or change
+        steps = change.get("by_k_mix")
+        beside = {}
+        if steps is not None:
+            beside["by_k_mix"] = {"share_at_90s": steps["measured"]["share_at_90s"],
+                                  "pass": steps["pass"]}  # fmt: skip
         out.append({
             "report": name, "date": report["meta"]["date"], "goal": change["goal"],
-            "measured": by_mix["measured"], "pass": by_mix["pass"],
+            "measured": judged["measured"], "pass": judged["pass"], **beside,
         })  # fmt: skip
     return out
 

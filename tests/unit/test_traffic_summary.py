@@ -159,3 +159,25 @@ def test_a_report_without_what_the_summary_reads_is_named() -> None:
     del broken["loads"]["decode-heavy-B128"]["best_fixed_k"]
     with pytest.raises(summary_module.ReportError, match=r"broken\.json.*best_fixed_k"):
         summary_module.summarize({"broken.json": broken})
+
+
+def test_a_shape_change_is_judged_by_the_table_in_force_with_its_steps_reading_beside() -> None:
+    """The table's reading decides, as every load's daemon arm is judged on its table; the
+    reading of its steps (bursts included) stays beside it; a report before either reading
+    existed keeps its tokens/s verdict."""
+    target = "new table <= 60 s, >= 95 % of the gap in 90 s"
+    change = {
+        "measured": {"new_table_by_s": 5.9, "share_at_90s": None}, "goal": target, "pass": False,
+        "by_k_mix": {"measured": {"new_table_by_s": 5.9, "share_at_90s": 0.308}, "pass": False},
+        "by_table": {"measured": {"new_table_by_s": 5.9, "share_at_90s": 1.0}, "pass": True},
+    }  # fmt: skip
+    old = {"measured": {"new_table_by_s": 7.7, "share_at_90s": 0.73}, "goal": target,
+           "pass": False}  # fmt: skip
+    reports = {"a.json": _report({"decode-heavy-B128": _load(0.0, (0.0, 0.01))}),
+               "b.json": _report({"decode-heavy-B128": _load(0.0, (0.0, 0.01))})}  # fmt: skip
+    reports["a.json"]["goals"]["shape_change"] = change
+    reports["b.json"]["goals"]["shape_change"] = old
+    rows = summary_module.summarize(reports)["goals"]["shape_change"]
+    assert rows[0]["pass"] is True and rows[0]["measured"]["share_at_90s"] == 1.0
+    assert rows[0]["by_k_mix"] == {"share_at_90s": 0.308, "pass": False}
+    assert rows[1]["pass"] is False and rows[1]["measured"]["share_at_90s"] == 0.73

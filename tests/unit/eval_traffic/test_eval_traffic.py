@@ -328,6 +328,32 @@ def test_the_shape_change_gap_is_also_read_from_the_k_the_daemons_steps_ran(
     assert goal["pass"] is False and goal["by_k_mix"]["pass"] is True
 
 
+def test_the_shape_change_gap_is_also_read_from_the_table_in_force_at_each_mark(
+    report: ModuleType,
+) -> None:
+    """The daemon's own table is what the loads are judged on (its arm, exploring off); a
+    window's steps also carry its bursts. Here the right table is in force from 30 s and the
+    window at 90 s burst k0, which no arm ran (priced lost whole): by k mix 50 % of the gap,
+    by the table in force, priced on the new traffic's batch cells, all of it. A table that
+    puts k1 back where the batch sits gives the gap back whatever its other cells say."""
+    rare = [[1, 100, 1], [101, 256, 3]]  # k1 only below 101, where the traffic never was
+    raw = change_run([
+        live(46.0, 8000.0, OLD, {1: 100.0}),
+        live(66.0, 9000.0, rare, {3: 100.0}),
+        live(96.0, 9500.0, NEW, {3: 90.0, 0: 10.0}),
+        live(126.0, 9500.0, NEW, {3: 90.0, 0: 10.0}),
+    ])  # fmt: skip
+    change = report.report(raw)["shape_change"]
+    assert change["loss_from_table_at_the_change"] == 0.2
+    assert change["share_of_gap_recovered_by_table"] == {"30s": 1.0, "60s": 1.0, "90s": 1.0}
+    assert change["share_of_gap_recovered_by_k_mix"]["90s"] == 0.5
+    goal = report.report(raw)["goals"]["shape_change"]
+    assert goal["by_table"]["pass"] is True and goal["by_k_mix"]["pass"] is False
+
+    back = change_run([live(46.0, 8000.0, OLD), live(126.0, 9500.0, [[1, 256, 1]])])
+    assert report.report(back)["shape_change"]["share_of_gap_recovered_by_table"]["90s"] == 0.0
+
+
 def test_a_bad_measured_table_file_is_a_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "t.json"
     bad.write_text('{"x": 1}')
@@ -722,3 +748,17 @@ def test_a_log_kept_gzipped_reads_as_the_job_wrote_it(report: ModuleType, tmp_pa
     meta = {"gpu_clocks": {"path": "gpu_clocks.csv"}}
     assert report.beside(raw_path, meta, "gpu_clocks") == gz_beside
     assert report.beside(raw_path, {"gpu_clocks": {"path": "other.csv"}}, "gpu_clocks") is None
+
+
+def test_the_shape_change_rotates_every_fixed_k_and_its_time_counts_them(
+    driver: ModuleType,
+) -> None:
+    """k0 too: the daemon's bursts run it after the change, and a k no arm ran is priced as lost
+    whole; the time the change needs grows with the arms it rotates."""
+    live = run_of(driver, json.loads(CHAT_B192_12S.read_text())["meta"])
+    live.args.max_num_seqs, live.args.change_before_s, live.args.change_after_s = 256, 36, 90
+    tables = live.change_tables([[1, 256, 1]], [[1, 256, 3]])
+    assert list(tables) == ["k0", "k1", "k2", "k3", "before", "after"]
+    assert tables["k0"] == [[1, 256, 0]] and tables["before"] == [[1, 256, 1]]
+    seconds = 36 + 90
+    assert live.change_needs_s(2) == live.needs_s(6, seconds, 2)
