@@ -443,6 +443,27 @@ def test_when_the_running_k_left_the_graph_too_the_others_borrow_its_ratio() -> 
     assert estimate.step_times.at(256, 3) == pytest.approx(PROFILE.at(256, 3))  # eager-timed
 
 
+def test_a_cell_with_few_steps_takes_the_prompt_tokens_riding_along_from_the_replicas() -> None:
+    # The H200 after a change to chat-like at 192 clients: 185-192 ran k=3 with ~1,200 prompt
+    # tokens a step; 177-184 had 9 steps of k=1 carrying 180. Read from those 9 alone, k=0 at
+    # 177-184 would stay on its graph (180 + 180 < 512), stand apart from k=1's live ratio
+    # (3.8x) on the profile's pure-decode time, look 1.6x better than any k and be put in (it
+    # ran 27 % behind k=3 there). What rides along is the traffic's: the replica's steps say
+    # k=0 leaves the graph there too, and shares k=1's ratio.
+    def estimator_with(busy: bool) -> StepTimeEstimator:
+        estimator = _served_estimator()
+        if busy:
+            estimator.add(_served(3, 188, 1.5, 1200, 300), now=0.0, half_life_s=1e9)
+        estimator.add(_served(1, 180, 3.8, 180, 9), now=0.0, half_life_s=1e9)
+        return estimator
+
+    estimate = estimator_with(busy=True).estimate(PARAMS)
+    assert estimate.step_times.at(180, 0) == pytest.approx(3.8 * PROFILE.at(180, 0), rel=0.05)
+    # Alone, the cell's own steps are all there is to read the prompts from, as before.
+    estimate = estimator_with(busy=False).estimate(PARAMS)
+    assert estimate.step_times.at(180, 0) == pytest.approx(PROFILE.at(180, 0), rel=0.01)
+
+
 def _bursts(k: int, batch: int, factors: list[float], prefill: int) -> dict:
     """Burst steps of ``k`` at ``batch``, one step a factor (x the profile)."""
     counter = StepCellCounter()

@@ -398,7 +398,8 @@ class StepTimeEstimator:
     def _graph_left(self, steps: np.ndarray) -> np.ndarray:
         """Per (k, cell): the profile timed k there on the full CUDA graph, but at the cell's
         live traffic a step of k would hold more tokens than the graph does (B·(1+k) plus the
-        prefill the busiest k's steps carry). On the H200 at decode-heavy B≈254 a k=0 step held
+        prefill the busiest k's steps carry; in a cell of fewer than ``MEASURED_STEPS`` steps,
+        what every step of the replica carries). On the H200 at decode-heavy B≈254 a k=0 step held
         281 tokens; k=1, timed on the graph at 512, borrowed k=0's ratio and was taken at 22 ms:
         with the prefill it ran eager at 29 ms (docs/results.md)."""
         layout = self.layout
@@ -406,11 +407,24 @@ class StepTimeEstimator:
         if layout.capture_limit is None:
             return left
         ks = np.asarray(layout.ks, dtype=float)
+        # What rides along is the traffic's, not a cell's: a cell with few steps reads it from
+        # every step of the replica (H200, chat-like: 9 steps of k=1 at 177-184 carried 180
+        # prompt tokens where the load's ran ~1,200; read from them, k=0 stayed on its graph,
+        # stood apart on the profile's pure-decode time and was put in, 27 % behind k=3).
+        riding = self.sums[..., 3] - self.sums[..., 4] * (1.0 + ks[:, None])
+        total = float(steps.sum())
+        replica_prefill = max(float(riding.sum()) / total, 0.0) if total > 0 else 0.0
         for col in np.flatnonzero(steps.sum(axis=0) > 0):
-            busiest = int(np.argmax(steps[:, col]))
-            n, tokens, batch = self.sums[busiest, col, [0, 3, 4]]
-            prefill = max(tokens / n - batch / n * (1.0 + ks[busiest]), 0.0)
-            would = batch / n * (1.0 + ks) + prefill > layout.capture_limit
+            n_cell = float(steps[:, col].sum())
+            if n_cell < MEASURED_STEPS:
+                batch = float(self.sums[:, col, 4].sum()) / n_cell
+                prefill = replica_prefill
+            else:
+                busiest = int(np.argmax(steps[:, col]))
+                n, tokens, requests = self.sums[busiest, col, [0, 3, 4]]
+                batch = float(requests / n)
+                prefill = max(float(tokens / n) - batch * (1.0 + ks[busiest]), 0.0)
+            would = batch * (1.0 + ks) + prefill > layout.capture_limit
             left[:, col] = would & ~layout.off_graph[:, col]
         return left
 
