@@ -1,0 +1,125 @@
+"""The shape change's daemon part replayed through this checkout's estimator and decision: the
+recorded step cells summed into the daemon's cycles, each cycle's decision taken against the
+table the live daemon ran in its last window (so it says what this checkout would do from
+where the live daemon stood), the load weights from the cycle's own steps (steps per mean
+batch; the live daemon fades them over cycles). It does not replay the live daemon itself:
+its cycles start where the part's windows do, and its pushes are not fed back. Writes
+bench/results/change_replay_h200.json.
+
+    .venv/bin/python bench/gpu/change_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tabletune import __version__  # noqa: E402
+from tabletune.admin.protocol import EngineIdentity  # noqa: E402
+from tabletune.admin.state import TableState  # noqa: E402
+from tabletune.daemon.decide import Estimates, decide  # noqa: E402
+from tabletune.daemon.profiles import load_pools  # noqa: E402
+from tabletune.daemon.settings import load_settings  # noqa: E402
+from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout  # noqa: E402
+from tabletune.step_cells import CellKey, CellTotals, cells_from_wire  # noqa: E402
+
+Row = dict[str, Any]
+CYCLE_S = 3.0  # the evaluation's daemon cycle (eval_traffic.py --daemon-cycle-s)
+MAX_NUM_SEQS = 256  # every launch's
+
+
+def cycles(windows: Iterable[Row], cycle_s: float) -> Iterator[tuple[float, Row, dict]]:
+    """(seconds into the part, the cycle's last window, its windows' cells summed)."""
+    elapsed = waited = 0.0
+    summed: dict[CellKey, CellTotals] = {}
+    for window in windows:
+        elapsed += window["wall_s"]
+        waited += window["wall_s"]
+        for key, totals in cells_from_wire(window["cells"])[0].items():
+            summed[key] = summed.get(key, CellTotals()) + totals
+        if waited >= cycle_s:
+            yield elapsed, window, summed
+            summed, waited = {}, 0.0
+
+
+def batch_weights(cells: dict[CellKey, CellTotals]) -> dict[int, float]:
+    """Steps per mean batch size of each cell (every k's)."""
+    weights: dict[int, float] = {}
+    for totals in cells.values():
+        if totals.steps > 0:
+            batch = round(totals.requests / totals.steps)
+            weights[batch] = weights.get(batch, 0.0) + totals.steps
+    return weights
+
+
+def replay(raw: Row, cycle_s: float = CYCLE_S) -> list[Row]:
+    """Per cycle of the change's daemon part: seconds since the change, the table run, and
+    whether this checkout would push, what and why."""
+    change = raw["shape_change"]
+    meta = raw["meta"]
+    settings = load_settings({"TABLETUNE_PROFILE__PATHS": str(ROOT / meta["daemon"]["profile"])})
+    pool = load_pools(settings.profile)[0]
+    estimator = StepTimeEstimator(StepTimeLayout.of_pool(pool))
+    step_time, plugin = settings.step_time, settings.plugin
+    rates = tuple(meta["synthetic_rates"])
+    windows = (w for w in raw["windows"] if w["part"] == f"{change['part']}-daemon")
+    out = []
+    for elapsed, last, cells in cycles(windows, cycle_s):
+        estimator.add(cells, elapsed, half_life_s=step_time.half_life_s, shift=step_time.shift,
+                      correlation=step_time.correlation)  # fmt: skip
+        estimate = estimator.estimate(step_time.blend_params(), prior_sigma=pool.relative_sigma)
+        ran = last["view"]["table"]
+        state = replace(
+            TableState.initial(ran, num_speculative_tokens=3, max_num_seqs=MAX_NUM_SEQS),
+            exploration_interval=plugin.exploration_interval, hysteresis=plugin.hysteresis,
+        )  # fmt: skip
+        estimates = Estimates(
+            estimate.step_times, rates, estimate.relative_sigma, unproven=estimate.unproven
+        )
+        decision = decide(
+            estimates=estimates,
+            view=state.view(plugin_version=__version__, identity=EngineIdentity("0.26.0")),
+            load_weights=batch_weights(cells) or {change["clients"]: 1.0},
+            settings=settings.decision,
+            min_width=2 * plugin.hysteresis + 1,
+        )
+        out.append({
+            "since_change_s": round(last["since_daemon_start_s"] - change["at_s"], 1),
+            "ran": ran, "push": decision.push,
+            "new": [list(r) for r in decision.new] if decision.push and decision.new else None,
+            "reason": decision.reason,
+        })  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/change_replay_h200.json")
+    args = parser.parse_args(argv)
+    changes = []
+    for path in args.raw:
+        raw = json.loads(path.read_text())
+        if (raw.get("shape_change") or {}).get("at_s") is not None:
+            changes.append({"raw": path.name, "cycles": replay(raw)})
+    result = {
+        "what": __doc__.splitlines()[0],
+        "command": "bench/gpu/change_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json",
+        "cycle_s": CYCLE_S,
+        "changes": changes,
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{len(changes)} shape changes replayed; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
