@@ -96,7 +96,7 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
     change = raw["shape_change"]
     assert change["at_s"] == 2 and change["table_at_change"] and change["daemon_table"]
     arms = [w["arm"] for w in raw["windows"] if w["part"] == f"{change['part']}-arms"]
-    assert sorted(set(arms)) == ["after", "before", "k1", "k2", "k3"] and len(arms) == 10
+    assert sorted(set(arms)) == ["after", "before", "k0", "k1", "k2", "k3"] and len(arms) == 12
     assert report["shape_change"]["windows_after_the_change"]
     assert report["goals"]["shape_change"]["measured"] is not None
 
