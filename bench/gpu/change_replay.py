@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
+
+from shift_replay import CYCLE_S, cycles  # noqa: E402  (this script's folder is on sys.path)
 
 from tabletune import __version__  # noqa: E402
 from tabletune.admin.protocol import EngineIdentity  # noqa: E402
@@ -29,25 +30,10 @@ from tabletune.daemon.decide import Estimates, decide  # noqa: E402
 from tabletune.daemon.profiles import load_pools  # noqa: E402
 from tabletune.daemon.settings import load_settings  # noqa: E402
 from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout  # noqa: E402
-from tabletune.step_cells import CellKey, CellTotals, cells_from_wire  # noqa: E402
+from tabletune.step_cells import CellKey, CellTotals  # noqa: E402
 
 Row = dict[str, Any]
-CYCLE_S = 3.0  # the evaluation's daemon cycle (eval_traffic.py --daemon-cycle-s)
 MAX_NUM_SEQS = 256  # every launch's
-
-
-def cycles(windows: Iterable[Row], cycle_s: float) -> Iterator[tuple[float, Row, dict]]:
-    """(seconds into the part, the cycle's last window, its windows' cells summed)."""
-    elapsed = waited = 0.0
-    summed: dict[CellKey, CellTotals] = {}
-    for window in windows:
-        elapsed += window["wall_s"]
-        waited += window["wall_s"]
-        for key, totals in cells_from_wire(window["cells"])[0].items():
-            summed[key] = summed.get(key, CellTotals()) + totals
-        if waited >= cycle_s:
-            yield elapsed, window, summed
-            summed, waited = {}, 0.0
 
 
 def batch_weights(cells: dict[CellKey, CellTotals]) -> dict[int, float]:

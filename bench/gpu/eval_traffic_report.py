@@ -528,10 +528,13 @@ def shape_change_report(raw: Row) -> Row | None:
     fixed_loss = {int(arm.removeprefix("k")): max(0.0, 1.0 - v / max(fixed.values()))
                   for arm, v in fixed.items()}  # fmt: skip
 
-    def mix_loss(windows: list[Row]) -> float | None:
-        mix = k_mix(pooled(windows), "seconds")
+    def priced(mix: dict[int, float]) -> float | None:
+        """A k mix's loss on the new traffic (a k no arm ran lost whole)."""
         return round(sum(share * fixed_loss.get(k, 1.0) for k, share in mix.items()), 4) if (
             mix and fixed) else None  # fmt: skip
+
+    def mix_loss(windows: list[Row]) -> float | None:
+        return priced(k_mix(pooled(windows), "seconds"))
 
     after = [
         {
@@ -559,9 +562,7 @@ def shape_change_report(raw: Row) -> Row | None:
 
     def table_loss(table: list[list[int]]) -> float | None:
         """A table priced on the new traffic: the k it runs on the rotated arms' batch cells."""
-        mix = table_time_mix(table, arms)
-        return round(sum(share * fixed_loss.get(k, 1.0) for k, share in mix.items()), 4) if (
-            mix and fixed) else None  # fmt: skip
+        return priced(table_time_mix(table, arms))
 
     table_gap = table_loss(change["table_at_change"])
     by_mix: dict[str, float | None] = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,26 +36,34 @@ def steady_parts(raw: Row) -> list[str]:
     return sorted(p for p in parts if not p.startswith("change-"))
 
 
-def shifts_in(windows: Iterable[Row], layout: StepTimeLayout, cycle_s: float) -> list[float]:
-    """Seconds into the part at which the check read a change, windows summed into cycles."""
-    step_time = StepTimeSettings()  # the daemon's defaults
-    estimator = StepTimeEstimator(layout)
+def cycles(
+    windows: Iterable[Row], cycle_s: float
+) -> Iterator[tuple[float, Row, dict[CellKey, CellTotals]]]:
+    """The daemon's cycles over recorded windows: (seconds into the part, the cycle's last
+    window, its windows' step cells summed)."""
     elapsed = waited = 0.0
-    cycle: dict[CellKey, CellTotals] = {}
-    fired = []
+    summed: dict[CellKey, CellTotals] = {}
     for window in windows:
         elapsed += window["wall_s"]
         waited += window["wall_s"]
         for key, totals in cells_from_wire(window["cells"])[0].items():
-            cycle[key] = cycle.get(key, CellTotals()) + totals
-        if waited < cycle_s:
-            continue
+            summed[key] = summed.get(key, CellTotals()) + totals
+        if waited >= cycle_s:
+            yield elapsed, window, summed
+            summed, waited = {}, 0.0
+
+
+def shifts_in(windows: Iterable[Row], layout: StepTimeLayout, cycle_s: float) -> list[float]:
+    """Seconds into the part at which the check read a change, windows summed into cycles."""
+    step_time = StepTimeSettings()  # the daemon's defaults
+    estimator = StepTimeEstimator(layout)
+    fired = []
+    for elapsed, _, cycle in cycles(windows, cycle_s):
         before = estimator.shifted.copy()
         estimator.add(cycle, elapsed, half_life_s=step_time.half_life_s, shift=step_time.shift,
                       correlation=step_time.correlation)  # fmt: skip
         if (estimator.shifted & ~before).any():
             fired.append(round(elapsed, 1))
-        cycle, waited = {}, 0.0
     return fired
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from tabletune.step_cells import CellTotals, cells_to_wire
 from tests.support.gpu_jobs import load_gpu_module
 
+load_gpu_module("shift_replay")  # the cycles it replays in
 change_replay = load_gpu_module("change_replay")
 PROFILE = "profiles/h200-qwen3-4b-eagle3-inflight.json"
 PART = "change-decode-heavy-chat-like-B192"
