@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2046  # logs prints flags, split on purpose
 # Regenerates every committed users'-traffic report (bench/results/eval_traffic_*_h200.json and
 # PNG) from the raw runs and logs kept under bench/results/gpu_raw/, with this checkout's
 # eval_traffic_report.py: after a change to the report, run this and commit what moved.
@@ -26,22 +27,16 @@ report chat_like_b192_12s eval_traffic_chat_like_b192_12s_h200_20261130T2359Z.js
   --gpu-clocks "$RAW/gpu_clocks_h200x2_20261130T2359Z.csv.gz" --gpu-index 1
 report chat_like_b192_4s eval_traffic_chat_like_b192_4s_h200_20261201T0244Z.json \
   --gpu-clocks "$RAW/gpu_clocks_h200_20261201T0244Z.csv.gz" --gpu-index 0
-# shellcheck disable=SC2046  # logs prints flags, split on purpose
 report chat_like_b192_blocks eval_traffic_chat_like_b192_blocks_h200_20261201T0514Z.json \
   $(logs 20261201T0514Z)
-# shellcheck disable=SC2046
 report decode_heavy_b192_blocks eval_traffic_decode_heavy_b192_blocks_h200_20261201T0523Z.json \
   $(logs 20261201T0523Z)
-# shellcheck disable=SC2046
 report moe_chat_like_b192_blocks eval_traffic_moe_chat_like_b192_blocks_h200_20261201T0531Z.json \
   $(logs 20261201T0531Z)
-# shellcheck disable=SC2046
 report decode_heavy_b64_b128_blocks eval_traffic_decode_heavy_b64_b128_blocks_h200_20261201T0710Z.json \
   $(logs 20261201T0710Z)
-# shellcheck disable=SC2046
 report moe_decode_heavy_b192_blocks eval_traffic_moe_decode_heavy_b192_blocks_h200_20261201T0718Z.json \
   $(logs 20261201T0718Z)
-# shellcheck disable=SC2046
 report chat_like_b64_b128_blocks eval_traffic_chat_like_b64_b128_blocks_h200_20261201T0726Z.json \
   $(logs 20261201T0726Z)
 # Launches on an H200 x2 host, one job a GPU (bench/gpu/two_gpus.sh): each job's logs carry
@@ -50,52 +45,39 @@ logs_x2() {  # STAMP GPU: the logs one job of a two-GPU launch kept (GPU: its in
   echo --gpu-clocks "$RAW/gpu_clocks_h200x2g$2_$1.csv.gz" --gpu-index "$2" \
     --host-load "$RAW/host_load_h200x2g$2_$1.csv.gz" --gc-log "$RAW/gc_log_h200x2g$2_$1.txt.gz"
 }
-# shellcheck disable=SC2046
 report decode_heavy_b128_b96_trials_blocks \
   eval_traffic_decode_heavy_b128_b96_trials_blocks_h200_20261201T0954Z.json $(logs_x2 20261201T0954Z 0)
-# shellcheck disable=SC2046
 report long_context_b64_b16_blocks \
   eval_traffic_long_context_b64_b16_blocks_h200_20261201T0954Z.json $(logs_x2 20261201T0954Z 1)
-# shellcheck disable=SC2046
 report chat_like_b16_shape_change_blocks \
   eval_traffic_chat_like_b16_shape_change_blocks_h200_20261201T1003Z.json $(logs_x2 20261201T1003Z 0)
-# shellcheck disable=SC2046
 report decode_heavy_b160_b16_blocks \
   eval_traffic_decode_heavy_b160_b16_blocks_h200_20261201T1003Z.json $(logs_x2 20261201T1003Z 1)
-# shellcheck disable=SC2046
 report chat_like_b160_b256_blocks \
   eval_traffic_chat_like_b160_b256_blocks_h200_20261201T1011Z.json $(logs_x2 20261201T1011Z 0)
-# shellcheck disable=SC2046
 report decode_heavy_b256_long_context_b128_blocks \
   eval_traffic_decode_heavy_b256_long_context_b128_blocks_h200_20261201T1011Z.json \
   $(logs_x2 20261201T1011Z 1)
 # One H200 again (2026-12-01 12:11, 12:19, 12:28 UTC; session 12's estimator run at 7178143).
-# shellcheck disable=SC2046
 report decode_heavy_b256_b128_blocks eval_traffic_decode_heavy_b256_b128_blocks_h200_20261201T1211Z.json \
   $(logs 20261201T1211Z)
-# shellcheck disable=SC2046
 report long_context_b192_chat_like_b96_blocks \
   eval_traffic_long_context_b192_chat_like_b96_blocks_h200_20261201T1219Z.json $(logs 20261201T1219Z)
-# shellcheck disable=SC2046
 report decode_heavy_b128_long_context_b96_blocks \
   eval_traffic_decode_heavy_b128_long_context_b96_blocks_h200_20261201T1228Z.json \
   $(logs 20261201T1228Z)
 # One H200, 2026-12-01 14:35, 14:41, 14:48, 14:56 UTC (b000b32f; the second with trials on).
-# shellcheck disable=SC2046
 report decode_heavy_b256_shape_change_blocks \
   eval_traffic_decode_heavy_b256_shape_change_blocks_h200_20261201T1435Z.json $(logs 20261201T1435Z)
-# shellcheck disable=SC2046
 report decode_heavy_b256_b128_trials_blocks \
   eval_traffic_decode_heavy_b256_b128_trials_blocks_h200_20261201T1441Z.json $(logs 20261201T1441Z)
-# shellcheck disable=SC2046
 report decode_heavy_b256_long_context_b160_blocks \
   eval_traffic_decode_heavy_b256_long_context_b160_blocks_h200_20261201T1448Z.json \
   $(logs 20261201T1448Z)
-# shellcheck disable=SC2046
 report decode_heavy_b256_shape_change_again_blocks \
   eval_traffic_decode_heavy_b256_shape_change_again_blocks_h200_20261201T1456Z.json \
   $(logs 20261201T1456Z)
-# Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
+# One H200, 2026-12-01 16:27, 16:35, 16:43 UTC (0432a18a).
 report decode_heavy_b128_shape_change_blocks \
   eval_traffic_decode_heavy_b128_shape_change_blocks_h200_20261201T1627Z.json $(logs 20261201T1627Z)
 report decode_heavy_b256_44_rounds_blocks \
@@ -103,5 +85,13 @@ report decode_heavy_b256_44_rounds_blocks \
 report chat_like_b192_shape_change_nightjar_blocks \
   eval_traffic_chat_like_b192_shape_change_nightjar_blocks_h200_20261201T1643Z.json \
   $(logs 20261201T1643Z)
+# One H200, 2026-12-01 19:43, 19:52, 20:00 UTC (c6ca2d32; the first ran the default loads too).
+report chat_like_b128_shape_change_blocks \
+  eval_traffic_chat_like_b128_shape_change_blocks_h200_20261201T1943Z.json $(logs 20261201T1943Z)
+report chat_like_b192_48_rounds_blocks \
+  eval_traffic_chat_like_b192_48_rounds_blocks_h200_20261201T1952Z.json $(logs 20261201T1952Z)
+report long_context_b192_56_rounds_blocks \
+  eval_traffic_long_context_b192_56_rounds_blocks_h200_20261201T2000Z.json $(logs 20261201T2000Z)
+# Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json
