@@ -56,6 +56,7 @@ DEFAULTS = {
         "prior_sigma": 0.01,
         "correlation": 2.0,
         "shift": 0.15,
+        "settle_s": 15.0,
     },
     "decision": {
         "min_gain": 0.01,

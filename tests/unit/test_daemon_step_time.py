@@ -227,6 +227,54 @@ def test_a_shift_of_the_running_k_makes_the_other_k_of_its_cell_unmeasured_again
     assert estimator.estimate(PARAMS).steps[1, :].sum() == pytest.approx(300, rel=1e-6)
 
 
+def test_a_k_that_ran_a_cell_while_its_traffic_settled_and_stopped_is_measured_afresh() -> None:
+    # The H200's change from decode-heavy to chat-like at 192 clients (2026-12-01 19:43): the
+    # 10 s after the change ran 30-40 % slow for every k (the engine core at 100 % CPU, the GPU
+    # 54-76 % busy); k=3, put in then, read 55 ms where its arm ran 39 ms, was taken out and
+    # never run again. What a cell learns in settle_s after a shift is forgotten once more.
+    estimator = _estimator()
+    col = estimator.layout.cells.index((121, 128))
+    estimator.add(_steps(1, [128], 1.0, repeat=1000), now=0.0, half_life_s=1e9, shift=0.15)
+    estimator.add(_steps(1, [128], 1.6, repeat=300), now=3.0, half_life_s=1e9, shift=0.15,
+                  settle_s=10.0)  # fmt: skip
+    # k=3 runs in the transient, slow; still within settle_s of the shift: kept.
+    estimator.add(_steps(3, [128], 2.4, repeat=60), now=6.0, half_life_s=1e9, shift=0.15,
+                  settle_s=10.0)  # fmt: skip
+    assert estimator.estimate(PARAMS).measured[3, col] == pytest.approx(60)
+    # k=1 runs the cell again, k=2 in bursts beside it (the same seconds).
+    estimator.add({**_steps(1, [128], 1.6, repeat=100), **_steps(2, [128], 2.0, repeat=20)},
+                  now=9.0, half_life_s=1e9, shift=0.15, settle_s=10.0)  # fmt: skip
+    # settle_s after the shift: what k=3 showed while it ran the cell is forgotten (kept at
+    # 2 %) before the new interval's steps count; unmeasured again, the bursts try it afresh.
+    # The running k keeps its steps (fresh ones keep coming to dilute its transient), and
+    # what the bursts showed beside it stays.
+    estimator.add(_steps(1, [128], 1.6, repeat=100), now=13.0, half_life_s=1e9, shift=0.15,
+                  settle_s=10.0)  # fmt: skip
+    estimate = estimator.estimate(PARAMS)
+    assert estimate.measured[3, col] == 0 and estimate.steps[3, col] == pytest.approx(0.02 * 60)
+    assert estimate.measured[1, col] == pytest.approx(300 + 100 + 100)
+    assert estimate.measured[2, col] == pytest.approx(20)
+    assert estimate.unproven[3, 120:128].all()  # still after a shift: k=3 leans on k=1
+    # Once only: the cell's later cycles keep what they measure.
+    estimator.add(_steps(3, [128], 1.6, repeat=60), now=16.0, half_life_s=1e9, shift=0.15,
+                  settle_s=10.0)  # fmt: skip
+    estimator.add(_steps(1, [128], 1.6, repeat=100), now=40.0, half_life_s=1e9, shift=0.15,
+                  settle_s=10.0)  # fmt: skip
+    assert estimator.estimate(PARAMS).measured[3, col] == pytest.approx(60)
+
+
+def test_without_a_shift_or_with_settle_off_nothing_is_forgotten_after_it() -> None:
+    for settle_s, traffic in ((10.0, 1.0), (0.0, 1.6)):
+        estimator = _estimator()
+        col = estimator.layout.cells.index((121, 128))
+        estimator.add(_steps(1, [128], 1.0, repeat=1000), now=0.0, half_life_s=1e9, shift=0.15)
+        for now in (3.0, 6.0, 30.0, 60.0):
+            step = _steps(1, [128], traffic, repeat=300)
+            step.update(_steps(3, [128], traffic, repeat=40) if now == 3.0 else {})
+            estimator.add(step, now=now, half_life_s=1e9, shift=0.15, settle_s=settle_s)
+        assert estimator.estimate(PARAMS).measured[3, col] == pytest.approx(40)
+
+
 def test_a_k_stays_measured_while_its_steps_fade_until_the_cell_loses_sight_of_its_traffic() -> (
     None
 ):

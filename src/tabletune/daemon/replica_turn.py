@@ -113,6 +113,7 @@ class ReplicaTurn:
             half_life_s=step_time.half_life_s,
             shift=step_time.shift,
             correlation=step_time.correlation,
+            settle_s=step_time.settle_s,
         )
         estimate = rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma)
         self.checks.step_time(rt, obs.step_cells, now)

@@ -283,10 +283,18 @@ class StepTimeSettings(_Group):
             "traffic changed: the other k of that batch cell are measured afresh"
         ),
     )
+    settle_s: float = Field(
+        default=15.0,
+        ge=0,
+        description=(
+            "this many seconds after such a change, a k that ran the cell meanwhile and "
+            "runs it no more is measured afresh: it was timed while the traffic settled (0: off)"
+        ),
+    )
 
     def blend_params(self) -> StepTimeParams:
         """How the estimate blends live data and the profile (the change checks apart)."""
-        return StepTimeParams(**self.model_dump(exclude={"enabled", "shift"}))
+        return StepTimeParams(**self.model_dump(exclude={"enabled", "shift", "settle_s"}))
 
 
 class PluginSettings(_Group):

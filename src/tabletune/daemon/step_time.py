@@ -22,7 +22,9 @@ changes (a shift, below) or the cell loses sight of it (its steps too few to see
 k measured worse than the running one is not explored again each time its evidence fades.
 After a shift, one with fewer steps of its own than ``w`` where another k has as many is
 ``unproven``: its estimate leans on what the other k show under the new traffic, and the
-decision does not trust it over them. The
+decision does not trust it over them. The seconds after a shift run slow while the traffic
+settles: ``settle_s`` later, a k that ran the cell meanwhile and runs it no more is forgotten
+once more (it stood on those seconds alone). The
 uncertainty of r_hat combines the prior's (weight w, spread ``prior_sigma``) and the live
 mean's (per-step variance, steps counted as ``1/correlation`` independent samples, since
 neighbouring steps are alike). A k that left the graph is pulled toward its own group's live
@@ -202,6 +204,8 @@ class StepTimeEstimator:
         self.shifted = np.zeros(len(layout.cells), dtype=bool)  # its traffic changed
         # Its steps have been many enough to see a shift (WATCH_STEPS) since its traffic changed.
         self.watching = np.zeros(len(layout.cells), dtype=bool)
+        # When a shifted cell's settling ends: what it learnt until then is forgotten once more.
+        self.settle_until = np.full(len(layout.cells), math.inf)
         self.updated_at: float | None = None
 
     def add(
@@ -212,6 +216,7 @@ class StepTimeEstimator:
         half_life_s: float,
         shift: float = math.inf,
         correlation: float = 1.0,
+        settle_s: float = 0.0,
     ) -> int:
         """Fade the sums to ``now``, then add one interval's increases. Returns how many
         cells were outside the layout (an unprofiled k, or a batch beyond the profile).
@@ -224,7 +229,11 @@ class StepTimeEstimator:
         knew of the other k is forgotten too: they count as unmeasured again, so they are
         explored afresh instead of being judged on the old traffic. A cell whose steps faded
         below what that check needs can no longer see such a change: what its k counted as
-        measured goes too."""
+        measured goes too. The traffic settles for a while after such a change (the old
+        shape's requests drain, the new one's prompts queue), every k's steps slow meanwhile,
+        and a k that ran then would be judged on that: ``settle_s`` (0: off) after a shift,
+        what a k learnt while it ran the cell and has stopped running it since is forgotten
+        once more, before the interval's steps count."""
         if self.updated_at is not None and now > self.updated_at:
             self.sums *= 0.5 ** ((now - self.updated_at) / half_life_s)
             # Only a cell that could see a shift can lose sight of one: a cell whose sums were
@@ -247,13 +256,13 @@ class StepTimeEstimator:
         for (row, col), fresh in rows:
             if col not in running or fresh[0] > running[col][1][0]:
                 running[col] = (row, fresh)
+        self._settle(np.flatnonzero(self.settle_until <= now), running)
         for col, (row, fresh) in running.items():
             if self._shifted(self.sums[row, col], fresh, shift, correlation):
-                self.sums[:, col] *= FORGET_ON_SHIFT
-                self.measured[:, col] = 0.0
-                self.ran[:, col] = 0.0
-                self.watching[col] = False
+                self._forget(col)
                 self.shifted[col] = True
+                if settle_s > 0:
+                    self.settle_until[col] = now + settle_s
         for where, fresh in rows:
             self.sums[where] += fresh
             self.measured[where] += fresh[0]
@@ -261,6 +270,26 @@ class StepTimeEstimator:
             self.ran[row, col] += fresh[0]
         self.watching |= self.sums[..., 0].max(axis=0) >= WATCH_STEPS
         return outside
+
+    def _forget(self, col: int) -> None:
+        """The cell's past, but FORGET_ON_SHIFT of it; no k counts as measured there."""
+        self.sums[:, col] *= FORGET_ON_SHIFT
+        self.measured[:, col] = 0.0
+        self.ran[:, col] = 0.0
+        self.watching[col] = False
+
+    def _settle(self, cols: np.ndarray, running: dict[int, tuple[int, np.ndarray]]) -> None:
+        """Settled cells forget what a k showed while it ran the cell during the settling
+        and no longer does: it stood on that alone, for good (the bursts go by estimates).
+        A burst runs beside the running k, so both see the same seconds; the k running now
+        keeps being measured, so its transient fades under fresh steps."""
+        for col in cols:
+            now_running = running.get(col, (-1,))[0]
+            stopped = [r for r in np.flatnonzero(self.ran[:, col] > 0) if r != now_running]
+            self.sums[stopped, col] *= FORGET_ON_SHIFT
+            self.measured[stopped, col] = 0.0
+            self.ran[stopped, col] = 0.0
+        self.settle_until[cols] = math.inf
 
     @staticmethod
     def _shifted(old: np.ndarray, fresh: np.ndarray, shift: float, correlation: float) -> bool:
@@ -284,6 +313,7 @@ class StepTimeEstimator:
         self.ran[:] = 0.0
         self.shifted[:] = False
         self.watching[:] = False
+        self.settle_until[:] = math.inf
 
     def estimate(
         self, params: StepTimeParams, *, prior_sigma: np.ndarray | None = None
