@@ -166,6 +166,7 @@ def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate
             half_life_s=settings.half_life_s,
             shift=settings.shift,
             correlation=settings.correlation,
+            settle_s=settings.settle_s,
         )
         yield window, elapsed, estimator.estimate(params, prior_sigma=pool.relative_sigma), pool
 

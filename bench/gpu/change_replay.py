@@ -27,9 +27,15 @@ from tabletune import __version__  # noqa: E402
 from tabletune.admin.protocol import EngineIdentity  # noqa: E402
 from tabletune.admin.state import TableState  # noqa: E402
 from tabletune.daemon.decide import Estimates, decide  # noqa: E402
+from tabletune.daemon.explore import exploration_ks  # noqa: E402
 from tabletune.daemon.profiles import load_pools  # noqa: E402
 from tabletune.daemon.settings import load_settings  # noqa: E402
-from tabletune.daemon.step_time import StepTimeEstimator, StepTimeLayout  # noqa: E402
+from tabletune.daemon.step_time import (  # noqa: E402
+    MEASURED_STEPS,
+    StepTimeEstimator,
+    StepTimeLayout,
+)
+from tabletune.schemas.table import dense_lookup  # noqa: E402
 from tabletune.step_cells import CellKey, CellTotals  # noqa: E402
 
 Row = dict[str, Any]
@@ -60,20 +66,25 @@ def replay(raw: Row, cycle_s: float = CYCLE_S) -> list[Row]:
     out = []
     for elapsed, last, cells in cycles(windows, cycle_s):
         estimator.add(cells, elapsed, half_life_s=step_time.half_life_s, shift=step_time.shift,
-                      correlation=step_time.correlation)  # fmt: skip
+                      correlation=step_time.correlation, settle_s=step_time.settle_s)  # fmt: skip
         estimate = estimator.estimate(step_time.blend_params(), prior_sigma=pool.relative_sigma)
         ran = last["view"]["table"]
         state = replace(
             TableState.initial(ran, num_speculative_tokens=3, max_num_seqs=MAX_NUM_SEQS),
             exploration_interval=plugin.exploration_interval, hysteresis=plugin.hysteresis,
         )  # fmt: skip
+        weights = batch_weights(cells) or {change["clients"]: 1.0}
+        # The k the plugin's bursts would be sent to (the daemon's directed exploration).
+        lookup = dense_lookup([(int(a), int(b), int(k)) for a, b, k in ran], MAX_NUM_SEQS, 3)
+        bursts = exploration_ks(estimate, pool.step_times, rates, lookup, weights, range(4),
+                                min_steps=MEASURED_STEPS, z=plugin.neighbour_drop_z)  # fmt: skip
         estimates = Estimates(
             estimate.step_times, rates, estimate.relative_sigma, unproven=estimate.unproven
         )
         decision = decide(
             estimates=estimates,
             view=state.view(plugin_version=__version__, identity=EngineIdentity("0.26.0")),
-            load_weights=batch_weights(cells) or {change["clients"]: 1.0},
+            load_weights=weights,
             settings=settings.decision,
             min_width=2 * plugin.hysteresis + 1,
         )
@@ -81,7 +92,7 @@ def replay(raw: Row, cycle_s: float = CYCLE_S) -> list[Row]:
             "since_change_s": round(last["since_daemon_start_s"] - change["at_s"], 1),
             "ran": ran, "push": decision.push,
             "new": [list(r) for r in decision.new] if decision.push and decision.new else None,
-            "reason": decision.reason,
+            "reason": decision.reason, "bursts_at": list(bursts),
         })  # fmt: skip
     return out
 

@@ -55,3 +55,35 @@ def test_a_batch_weight_is_the_steps_at_each_cells_mean_batch() -> None:
              (1, 185, 192): _cells(1, 188, 3, 0.03, 1200),
              (1, 177, 184): _cells(1, 180, 2, 0.038, 180)}  # fmt: skip
     assert change_replay.batch_weights(cells) == {188: 25.0, 180: 2.0}
+
+
+def _settling_raw() -> dict[str, Any]:
+    """19:43 on the H200 in small: k=1 at 185-192 under decode-heavy, the change (k=1's steps
+    slow, prompts ride along), k=3 run 6 s in the transient at 55 ms, then k=1 again."""
+    k1_before = [(1, 0.015, 0)] * 12
+    k1_after = [(1, 0.030, 1200)] * 6
+    k3 = [(3, 0.055, 1200)] * 6
+    k1_again = [(1, 0.030, 1200)] * 30
+    windows = []
+    for i, (k, step_s, prefill) in enumerate(k1_before + k1_after + k3 + k1_again):
+        table = [[1, 184, 1], [185, 192, k], [193, 256, 1]]
+        cells = {(k, 185, 192): _cells(k, 188, int(1.0 / step_s), step_s, prefill)}
+        windows.append({"part": f"{PART}-daemon", "wall_s": 1.0,
+                        "since_daemon_start_s": 25.0 + i, "cells": cells_to_wire(cells, 0.0),
+                        "view": {"table": table}})  # fmt: skip
+    return {**_raw(), "windows": windows}
+
+
+def test_a_k_run_in_the_transient_after_a_change_is_sent_bursts_again_once_it_settled(
+    monkeypatch: Any,
+) -> None:
+    def bursts_of_k3_late(settle_s: str) -> list[float]:
+        settings = change_replay.load_settings
+        monkeypatch.setattr(change_replay, "load_settings", lambda env: settings(
+            {**env, "TABLETUNE_STEP_TIME__SETTLE_S": settle_s}))  # fmt: skip
+        cycles = change_replay.replay(_settling_raw())
+        monkeypatch.undo()
+        late = (c for c in cycles if c["since_change_s"] > 14)  # past the k=3 stint
+        return [c["since_change_s"] for c in late if 3 in c["bursts_at"]]
+
+    assert bursts_of_k3_late("15") and not bursts_of_k3_late("0")
