@@ -282,7 +282,10 @@ class Run(DaemonRun):
 
 
 def parse_loads(text: str, default_shape: str) -> list[tuple[str, int]]:
-    """``128,decode-heavy:192`` -> [(default_shape, 128), ("decode-heavy", 192)]."""
+    """``128,decode-heavy:192`` -> [(default_shape, 128), ("decode-heavy", 192)]; ``none``:
+    no load (a launch for the shape change alone)."""
+    if text == "none":
+        return []
     loads = []
     for item in text.split(","):
         shape, _, clients = item.rpartition(":")
@@ -369,7 +372,7 @@ def main() -> int:
     add_job_arguments(parser)
     parser.add_argument("--loads", default="128,192,64",
                         help="clients per load, in this order; SHAPE:N for another shape than "
-                        "--shape's")  # fmt: skip
+                        "--shape's; none: only the --shape-change")  # fmt: skip
     parser.add_argument("--warmup-s", type=float, default=6)
     parser.add_argument("--window-s", type=float, default=6)
     parser.add_argument("--settle-s", type=float, default=2)
@@ -409,7 +412,8 @@ def main() -> int:
     args.measured_table = args.measured_table or PROFILE.format(model=args.model) + ".table.json"
     checked_shape(parser, args)
     try:
-        parse_loads(args.loads, args.shape)
+        if not parse_loads(args.loads, args.shape) and not args.shape_change:
+            raise ValueError("--loads none: nothing to run without --shape-change")
         if args.shape_change:
             parse_change(args.shape_change)
     except ValueError as error:

@@ -50,6 +50,7 @@ def test_loads_name_their_shape_or_take_the_runs(driver: ModuleType) -> None:
         ("chat-like", 128),
         ("decode-heavy", 192),
     ]
+    assert driver.parse_loads("none", "chat-like") == []  # the shape change alone
     for bad in ("", "0", "x", "nope:12", "chat-like:", "12,,3"):
         with pytest.raises(ValueError, match="N or SHAPE:N"):
             driver.parse_loads(bad, "chat-like")
