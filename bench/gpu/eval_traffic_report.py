@@ -52,7 +52,7 @@ import json
 import statistics
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ from live_daemon_report import (  # noqa: E402  (this script's folder is first o
     replay,
     trial_at_stop,
 )
-from live_step_time_report import pooled, throughput  # noqa: E402
+from live_step_time_report import GENERATION, pooled, tau, throughput  # noqa: E402
 
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE  # noqa: E402
 from tabletune.step_cells import CellTotals  # noqa: E402
@@ -125,6 +125,25 @@ def k_mix(cells: dict[Any, CellTotals], field: str = "steps") -> dict[int, float
         spent[k] = spent.get(k, 0.0) + getattr(totals, field)
     total = sum(spent.values())
     return {k: round(n / total, 4) for k, n in sorted(spent.items())} if total else {}
+
+
+def model_check(windows: list[Row], arms: Iterable[str], rates: Sequence[float]) -> Row:
+    """Per arm: tokens/s as vLLM counted them against what the daemon's model gives for the
+    same steps (Σ requests·τ(k) over Σ step seconds, τ from the synthetic rates): the model
+    holds where they agree; a host gap between steps or other acceptance shows as a ratio."""
+    out: Row = {}
+    for arm in arms:
+        rows = [w for w in windows if w["arm"] == arm and GENERATION in w.get("vllm", {})]
+        cells = pooled(rows).items()
+        seconds = sum(t.seconds for _, t in cells)
+        if not rows or seconds <= 0:
+            continue
+        counted = sum(w["vllm"][GENERATION] for w in rows) / sum(w["wall_s"] for w in rows)
+        modelled = sum(t.requests * tau(rates, k) for (k, _, _), t in cells) / seconds
+        out[arm] = {"counted_tokens_per_s": round(counted, 1),
+                    "modelled_tokens_per_s": round(modelled, 1),
+                    "counted_over_modelled": round(counted / modelled, 4)}  # fmt: skip
+    return out
 
 
 def relative_range(values: list[float]) -> float:
@@ -497,6 +516,7 @@ def load_report(raw: Row, part: str) -> Row | None:
         **by_mix,
         "arms_running_one_and_the_same_k": alike,
         "arms": arms,
+        "model_check": model_check(windows, arms, rates),
         "daemon_table": raw.get("daemon_tables", {}).get(part),
         "windows": lines,
         "stalls": stalls(lines),

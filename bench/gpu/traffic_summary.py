@@ -14,7 +14,9 @@ Per shape, judged on every load of every launch:
 - the Nightjar-style bandit's worst-load loss against 3x the daemon's worst: by point, and
   judgeable when the bandit's worst low bound is past 3x the daemon's worst high bound (or
   short of 3x its worst point, for a miss);
-and the shape change as each launch that ran one measured it. The daemon's goal is also given
+and the shape change as each launch that ran one measured it; and how well the daemon's model
+(B·τ(k)/T from the steps' own times) gave the tokens vLLM counted for every fixed arm
+(``model_check``). The daemon's goal is also given
 over the launches of the newest commit whose daemon ran on its default settings
 (``daemon_at_newest_commit``): older launches ran a daemon since changed.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,7 @@ TARGET = "qwen3-4b"
 GOALS = {"decode-heavy": 0.015}  # the daemon's worst-load loss; every other shape: DEFAULT_GOAL
 DEFAULT_GOAL = 0.03
 NIGHTJAR_FACTOR = 3.0
+FIXED_ARMS = ("k0", "k1", "k2", "k3")
 
 
 def shape_of(load: str) -> str:
@@ -183,6 +187,26 @@ def shape_changes(reports: dict[str, Row]) -> list[Row]:
     return out
 
 
+def model_check(reports: dict[str, Row]) -> Row:
+    """Every fixed k arm of every load: vLLM's counted tokens over what the daemon's model
+    gives for the same steps (eval_traffic_report's per-load ``model_check``)."""
+    by_k: dict[str, list[float]] = defaultdict(list)
+    for report in reports.values():
+        for load in (report.get("loads") or {}).values():
+            for arm, check in ((load or {}).get("model_check") or {}).items():
+                if arm in FIXED_ARMS:
+                    by_k[arm].append(check["counted_over_modelled"])
+    ratios = sorted(r for values in by_k.values() for r in values)
+    if not ratios:
+        return {}
+    return {
+        "fixed_arms": len(ratios),
+        "counted_over_modelled": {"min": ratios[0], "median": statistics.median(ratios),
+                                  "max": ratios[-1]},
+        "median_by_k": {arm: statistics.median(v) for arm, v in sorted(by_k.items())},
+    }  # fmt: skip
+
+
 def summarize(reports: dict[str, Row]) -> Row:
     """``reports``: file name -> report. Rows of the target's runs in blocks, goals per shape."""
     chosen = {n: r for n, r in reports.items() if r["meta"].get("target") == TARGET}
@@ -206,6 +230,7 @@ def summarize(reports: dict[str, Row]) -> Row:
         }
         | {"shape_change": shape_changes(chosen)},
         "daemon_at_newest_commit": newest_commit_goals(rows),
+        "model_check": model_check(chosen),
         "loads": dict(by_shape),
     }
 

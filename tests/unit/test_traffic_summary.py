@@ -181,3 +181,19 @@ def test_a_shape_change_is_judged_by_the_table_in_force_with_its_steps_reading_b
     assert rows[0]["pass"] is True and rows[0]["measured"]["share_at_90s"] == 1.0
     assert rows[0]["by_k_mix"] == {"share_at_90s": 0.308, "pass": False}
     assert rows[1]["pass"] is False and rows[1]["measured"]["share_at_90s"] == 0.73
+
+
+def test_the_model_check_gathers_every_fixed_arm_of_the_targets_loads() -> None:
+    def checked(**ratios: float) -> Row:
+        load = _load(0.0, (0.0, 0.0))
+        return {**load, "model_check": {a: {"counted_over_modelled": r} for a, r in ratios.items()}}
+
+    reports = {
+        "a.json": _report({"chat-like-B96": checked(k1=0.98, k3=1.02, daemon=0.5),
+                           "chat-like-B16": checked(k3=0.96)}),
+        "moe.json": _report({"chat-like-B96": checked(k1=0.5)}, target="qwen3-30b-a3b"),
+    }  # fmt: skip
+    check = summary_module.summarize(reports)["model_check"]
+    assert check["fixed_arms"] == 3  # the daemon's arm and the other target's are not fixed-k
+    assert check["counted_over_modelled"] == {"min": 0.96, "median": 0.98, "max": 1.02}
+    assert check["median_by_k"] == {"k1": 0.98, "k3": 0.99}

@@ -763,3 +763,19 @@ def test_the_shape_change_rotates_every_fixed_k_and_its_time_counts_them(
     assert tables["k0"] == [[1, 256, 0]] and tables["before"] == [[1, 256, 1]]
     seconds = 36 + 90
     assert live.change_needs_s(2) == live.needs_s(6, seconds, 2)
+
+
+def test_the_model_check_sets_counted_tokens_against_what_the_steps_give_by_the_model(
+    report: ModuleType,
+) -> None:
+    # k=3 at B=190, 100 steps of 30 ms: the model gives 190·(1 + 0.75 + 0.55 + 0.40) per step.
+    kept = 100 * 190 * 2.70
+    exact = {**window("p", "k3", 0.0, 3), "wall_s": 3.0,
+             "vllm": {"vllm:generation_tokens_total": kept}}  # fmt: skip
+    gaps = {**exact, "arm": "gapped", "wall_s": 6.0}  # the same steps with the host idle between
+    bare = window("p", "k0", 0.0, 0)  # no vLLM counters recorded: not checked
+    check = report.model_check([exact, gaps, bare], ["k3", "gapped", "k0"], [0.75, 0.55, 0.40])
+    assert check["k3"]["counted_over_modelled"] == pytest.approx(1.0)
+    assert check["k3"]["modelled_tokens_per_s"] == pytest.approx(kept / 3.0, rel=1e-3)
+    assert check["gapped"]["counted_over_modelled"] == pytest.approx(0.5)
+    assert "k0" not in check
