@@ -231,7 +231,8 @@ def test_a_k_that_ran_a_cell_while_its_traffic_settled_and_stopped_is_measured_a
     # The H200's change from decode-heavy to chat-like at 192 clients (2026-12-01 19:43): the
     # 10 s after the change ran 30-40 % slow for every k (the engine core at 100 % CPU, the GPU
     # 54-76 % busy); k=3, put in then, read 55 ms where its arm ran 39 ms, was taken out and
-    # never run again. What a cell learns in settle_s after a shift is forgotten once more.
+    # never run again. settle_s after a shift, what a k showed while it ran the cell, and
+    # runs it no more, is forgotten once more.
     estimator = _estimator()
     col = estimator.layout.cells.index((121, 128))
     estimator.add(_steps(1, [128], 1.0, repeat=1000), now=0.0, half_life_s=1e9, shift=0.15)

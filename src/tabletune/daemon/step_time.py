@@ -204,7 +204,7 @@ class StepTimeEstimator:
         self.shifted = np.zeros(len(layout.cells), dtype=bool)  # its traffic changed
         # Its steps have been many enough to see a shift (WATCH_STEPS) since its traffic changed.
         self.watching = np.zeros(len(layout.cells), dtype=bool)
-        # When a shifted cell's settling ends: what it learnt until then is forgotten once more.
+        # When a shifted cell's settling ends (inf: none pending): see add().
         self.settle_until = np.full(len(layout.cells), math.inf)
         self.updated_at: float | None = None
 
