@@ -190,20 +190,30 @@ def shape_changes(reports: dict[str, Row]) -> list[Row]:
 def model_check(reports: dict[str, Row]) -> Row:
     """Every fixed k arm of every load: vLLM's counted tokens over what the daemon's model
     gives for the same steps (eval_traffic_report's per-load ``model_check``)."""
-    by_k: dict[str, list[float]] = defaultdict(list)
+    checks: dict[str, list[Row]] = defaultdict(list)
     for report in reports.values():
         for load in (report.get("loads") or {}).values():
             for arm, check in ((load or {}).get("model_check") or {}).items():
                 if arm in FIXED_ARMS:
-                    by_k[arm].append(check["counted_over_modelled"])
-    ratios = sorted(r for values in by_k.values() for r in values)
+                    checks[arm].append(check)
+    ratios = sorted(c["counted_over_modelled"] for arm in checks.values() for c in arm)
     if not ratios:
         return {}
+
+    def median_by_k(field: str) -> Row:
+        return {arm: round(statistics.median(c[field] for c in mine if field in c), 4)
+                for arm, mine in sorted(checks.items())
+                if any(field in c for c in mine)}  # fmt: skip
+
     return {
         "fixed_arms": len(ratios),
         "counted_over_modelled": {"min": ratios[0], "median": statistics.median(ratios),
                                   "max": ratios[-1]},
-        "median_by_k": {arm: statistics.median(v) for arm, v in sorted(by_k.items())},
+        "median_by_k": median_by_k("counted_over_modelled"),
+        "its_two_factors_median_by_k": {
+            "tokens_counted_over_modelled": median_by_k("tokens_counted_over_modelled"),
+            "step_seconds_over_wall": median_by_k("step_seconds_over_wall"),
+        },
     }  # fmt: skip
 
 

@@ -197,3 +197,4 @@ def test_the_model_check_gathers_every_fixed_arm_of_the_targets_loads() -> None:
     assert check["fixed_arms"] == 3  # the daemon's arm and the other target's are not fixed-k
     assert check["counted_over_modelled"] == {"min": 0.96, "median": 0.98, "max": 1.02}
     assert check["median_by_k"] == {"k1": 0.98, "k3": 0.99}
+    assert check["its_two_factors_median_by_k"]["step_seconds_over_wall"] == {}  # not given

@@ -778,4 +778,6 @@ def test_the_model_check_sets_counted_tokens_against_what_the_steps_give_by_the_
     assert check["k3"]["counted_over_modelled"] == pytest.approx(1.0)
     assert check["k3"]["modelled_tokens_per_s"] == pytest.approx(kept / 3.0, rel=1e-3)
     assert check["gapped"]["counted_over_modelled"] == pytest.approx(0.5)
+    assert check["gapped"]["tokens_counted_over_modelled"] == pytest.approx(1.0)
+    assert check["gapped"]["step_seconds_over_wall"] == pytest.approx(0.5)
     assert "k0" not in check
