@@ -75,8 +75,9 @@ def replay(raw: Row, cycle_s: float = CYCLE_S) -> list[Row]:
         )  # fmt: skip
         weights = batch_weights(cells) or {change["clients"]: 1.0}
         # The k the plugin's bursts would be sent to (the daemon's directed exploration).
-        lookup = dense_lookup([(int(a), int(b), int(k)) for a, b, k in ran], MAX_NUM_SEQS, 3)
-        bursts = exploration_ks(estimate, pool.step_times, rates, lookup, weights, range(4),
+        ks = pool.step_times.ks
+        lookup = dense_lookup([(int(a), int(b), int(k)) for a, b, k in ran], MAX_NUM_SEQS, max(ks))
+        bursts = exploration_ks(estimate, pool.step_times, rates, lookup, weights, ks,
                                 min_steps=MEASURED_STEPS, z=plugin.neighbour_drop_z)  # fmt: skip
         estimates = Estimates(
             estimate.step_times, rates, estimate.relative_sigma, unproven=estimate.unproven
