@@ -561,12 +561,17 @@ def shape_change_report(raw: Row) -> Row | None:
     def mix_loss(windows: list[Row]) -> float | None:
         return priced(k_mix(pooled(windows), "seconds"))
 
+    def table_loss(table: list[list[int]]) -> float | None:
+        """A table priced on the new traffic: the k it runs on the rotated arms' batch cells."""
+        return priced(table_time_mix(table, arms))
+
     after = [
         {
             "since_change_s": round(w["since_daemon_start_s"] - change["at_s"], 1),
             "tokens_per_s": round(w["tokens_per_s"], 1),
             "table": w["view"]["table"],
             "loss_from_k_mix": mix_loss([w]),
+            "loss_from_table": table_loss(w["view"]["table"]),
         }
         for w in raw["windows"]
         if w["part"] == f"{part}-daemon" and w["since_daemon_start_s"] > change["at_s"]
@@ -584,11 +589,6 @@ def shape_change_report(raw: Row) -> Row | None:
                 else None
             )
     gap = mix_loss([w for w in arms if w["arm"] == "before"])
-
-    def table_loss(table: list[list[int]]) -> float | None:
-        """A table priced on the new traffic: the k it runs on the rotated arms' batch cells."""
-        return priced(table_time_mix(table, arms))
-
     table_gap = table_loss(change["table_at_change"])
     by_mix: dict[str, float | None] = {}
     by_table: dict[str, float | None] = {}
@@ -597,7 +597,7 @@ def shape_change_report(raw: Row) -> Row | None:
         loss = upto[-1]["loss_from_k_mix"] if upto else None
         by_mix[f"{mark}s"] = (round(1.0 - loss / gap, 3)
                               if loss is not None and gap else None)  # fmt: skip
-        in_force = table_loss(upto[-1]["table"]) if upto else None
+        in_force = upto[-1]["loss_from_table"] if upto else None
         by_table[f"{mark}s"] = (round(1.0 - in_force / table_gap, 3)
                                 if in_force is not None and table_gap else None)  # fmt: skip
     return {
@@ -889,21 +889,35 @@ def report(
 
 def plot(result: Row, path: Path) -> None:
     """Per load each arm's mean tokens/s (bars: min..max of its windows); in a run of blocks a
-    second panel: each arm's block ratios to the best fixed k (dots) and the interval of their
-    median (line), the figure its loss is judged on."""
+    panel of each arm's block ratios to the best fixed k (dots) and the interval of their
+    median (line), the figure its loss is judged on; with a shape change, a panel of the
+    daemon's loss after it. Nothing is drawn for a launch with neither."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     loads = {name: r for name, r in result["loads"].items() if r is not None}
-    if not loads:
-        return
-    arms = list(next(iter(loads.values()))["arms"])
     blocks = {name: r for name, r in loads.items() if "blocks" in r}
-    fig, axes = plt.subplots(1, 2 if blocks else 1, figsize=(13 if blocks else 9, 4),
-                             squeeze=False)  # fmt: skip
-    ax = axes[0][0]
+    change = result.get("shape_change")
+    panels = (1 if loads else 0) + (1 if blocks else 0) + (1 if change else 0)
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, panels, figsize=(5 + 4 * panels, 4), squeeze=False)
+    if loads:
+        plot_loads(axes[0][0], result, loads)
+    if blocks:
+        plot_blocks(axes[0][1], blocks, list(next(iter(loads.values()))["arms"]))
+    if change:
+        plot_change(axes[0][panels - 1], change, result["meta"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_loads(ax: Any, result: Row, loads: dict[str, Row]) -> None:
+    """Per load each arm's mean tokens/s, bars from the lowest to the highest window."""
+    arms = list(next(iter(loads.values()))["arms"])
     width = 0.8 / len(arms)
     for i, arm in enumerate(arms):
         xs = [j + i * width for j in range(len(loads))]
@@ -923,11 +937,34 @@ def plot(result: Row, path: Path) -> None:
                  f"{meta.get('device', '?')}, vLLM {meta.get('engine_version', '?')}, "
                  f"{meta['date'][:10]}", fontsize=9)  # fmt: skip
     ax.legend(fontsize=7, ncol=4)
-    if blocks:
-        plot_blocks(axes[0][1], blocks, arms)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+
+def plot_change(ax: Any, change: Row, meta: Row) -> None:
+    """The daemon's loss after the change against the best fixed k on the new traffic: by the
+    table in force (as it is judged) and by the k its steps ran (bursts included), with the
+    gap (the table at the change) and the goal's line (95 % of it recovered)."""
+    after = change["windows_after_the_change"]
+    xs = [w["since_change_s"] for w in after]
+    for key, style, label in (("loss_from_table", "-", "by the table in force"),
+                              ("loss_from_k_mix", ".", "by the k its steps ran")):  # fmt: skip
+        ys = [w.get(key) for w in after]
+        ax.plot([x for x, y in zip(xs, ys, strict=True) if y is not None],
+                [100 * y for y in ys if y is not None], style, label=label,
+                drawstyle="steps-post" if style == "-" else "default")  # fmt: skip
+    gap = change.get("loss_from_table_at_the_change")
+    if gap:
+        ax.axhline(100 * gap, color="grey", ls="--", lw=0.8, label="the table at the change")
+        ax.axhline(5 * gap, color="green", ls=":", lw=0.8, label="95 % of the gap recovered")
+    if change.get("new_table_in_force_by_s") is not None:
+        ax.axvline(change["new_table_in_force_by_s"], color="C2", lw=0.8, label="new table")
+    for mark in (30, 60, 90):
+        ax.axvline(mark, color="grey", lw=0.5, alpha=0.5)
+    ax.set_xlabel("seconds since the change")
+    ax.set_ylabel("% below the best fixed k on the new traffic")
+    ax.set_title(f"shape change {change.get('before')} -> {change.get('after')} "
+                 f"({change.get('clients')} clients), {meta.get('date', '?')[:16]}",
+                 fontsize=9)  # fmt: skip
+    ax.legend(fontsize=7)
 
 
 def plot_blocks(ax: Any, loads: dict[str, Row], arms: list[str]) -> None:

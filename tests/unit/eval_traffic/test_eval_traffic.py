@@ -346,6 +346,8 @@ def test_the_shape_change_gap_is_also_read_from_the_table_in_force_at_each_mark(
     ])  # fmt: skip
     change = report.report(raw)["shape_change"]
     assert change["loss_from_table_at_the_change"] == 0.2
+    assert [w["loss_from_table"] for w in change["windows_after_the_change"]] == [
+        0.2, 0.0, 0.0, 0.0]  # fmt: skip
     assert change["share_of_gap_recovered_by_table"] == {"30s": 1.0, "60s": 1.0, "90s": 1.0}
     assert change["share_of_gap_recovered_by_k_mix"]["90s"] == 0.5
     goal = report.report(raw)["goals"]["shape_change"]
@@ -353,6 +355,22 @@ def test_the_shape_change_gap_is_also_read_from_the_table_in_force_at_each_mark(
 
     back = change_run([live(46.0, 8000.0, OLD), live(126.0, 9500.0, [[1, 256, 1]])])
     assert report.report(back)["shape_change"]["share_of_gap_recovered_by_table"]["90s"] == 0.0
+
+
+def test_a_shape_change_is_drawn_even_in_a_launch_of_no_other_load(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """The change's own panel (its losses after the change against the gap) is the figure of a
+    launch that ran the change alone; a launch with neither draws nothing."""
+    pytest.importorskip("matplotlib")
+    raw = change_run([live(46.0, 8000.0, OLD, {1: 100.0}), live(66.0, 9000.0, NEW, {3: 100.0})])
+    drawn = tmp_path / "change.png"
+    report.plot(report.report(raw), drawn)
+    assert drawn.read_bytes().startswith(b"\x89PNG")
+
+    nothing = tmp_path / "nothing.png"
+    report.plot(report.report(raw_run([], [])), nothing)
+    assert not nothing.exists()
 
 
 def test_a_bad_measured_table_file_is_a_one_line_error(tmp_path: Path) -> None:
