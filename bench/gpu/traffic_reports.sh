@@ -92,6 +92,13 @@ report chat_like_b192_48_rounds_blocks \
   eval_traffic_chat_like_b192_48_rounds_blocks_h200_20261201T1952Z.json $(logs 20261201T1952Z)
 report long_context_b192_56_rounds_blocks \
   eval_traffic_long_context_b192_56_rounds_blocks_h200_20261201T2000Z.json $(logs 20261201T2000Z)
+# One H200, 2026-12-01 21:38, 21:47, 21:56 UTC (bd691295; settling after a change in the daemon).
+report shape_change_settle_blocks \
+  eval_traffic_shape_change_settle_blocks_h200_20261201T2138Z.json $(logs 20261201T2138Z)
+report chat_like_b192_56_rounds_blocks \
+  eval_traffic_chat_like_b192_56_rounds_blocks_h200_20261201T2147Z.json $(logs 20261201T2147Z)
+report decode_heavy_b128_44_rounds_blocks \
+  eval_traffic_decode_heavy_b128_44_rounds_blocks_h200_20261201T2156Z.json $(logs 20261201T2156Z)
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json
