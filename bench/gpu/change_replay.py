@@ -4,7 +4,9 @@ table the live daemon ran in its last window (so it says what this checkout woul
 where the live daemon stood), the load weights from the cycle's own steps (steps per mean
 batch; the live daemon fades them over cycles). It does not replay the live daemon itself:
 its cycles start where the part's windows do, and its pushes are not fed back. Writes
-bench/results/change_replay_h200.json.
+bench/results/change_replay_h200.json. ``--setting NAME=VALUE`` (repeatable) replays with a
+daemon setting changed, named as its variable without the TABLETUNE_ prefix (e.g.
+``STEP_TIME__SETTLE_S=0``); write such a replay elsewhere with ``--out``.
 
     .venv/bin/python bench/gpu/change_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,12 +32,13 @@ from tabletune.admin.state import TableState  # noqa: E402
 from tabletune.daemon.decide import Estimates, decide  # noqa: E402
 from tabletune.daemon.explore import exploration_ks  # noqa: E402
 from tabletune.daemon.profiles import load_pools  # noqa: E402
-from tabletune.daemon.settings import load_settings  # noqa: E402
+from tabletune.daemon.settings import ENV_PREFIX, DaemonSettings, load_settings  # noqa: E402
 from tabletune.daemon.step_time import (  # noqa: E402
     MEASURED_STEPS,
     StepTimeEstimator,
     StepTimeLayout,
 )
+from tabletune.errors import InputError  # noqa: E402
 from tabletune.schemas.table import dense_lookup  # noqa: E402
 from tabletune.step_cells import CellKey, CellTotals  # noqa: E402
 
@@ -52,12 +56,22 @@ def batch_weights(cells: dict[CellKey, CellTotals]) -> dict[int, float]:
     return weights
 
 
-def replay(raw: Row, cycle_s: float = CYCLE_S) -> list[Row]:
+def daemon_settings(raw: Row, settings: Mapping[str, str]) -> DaemonSettings:
+    """The defaults on the run's profile, with ``settings`` (names without the TABLETUNE_
+    prefix) changed; InputError names a bad value."""
+    profile = {"TABLETUNE_PROFILE__PATHS": str(ROOT / raw["meta"]["daemon"]["profile"])}
+    return load_settings({**profile, **{ENV_PREFIX + k: v for k, v in settings.items()}})
+
+
+def replay(
+    raw: Row, cycle_s: float = CYCLE_S, setting_changes: Mapping[str, str] | None = None
+) -> list[Row]:
     """Per cycle of the change's daemon part: seconds since the change, the table run, and
-    whether this checkout would push, what and why."""
+    whether this checkout would push, what and why (with ``setting_changes`` made, names as in
+    daemon_settings)."""
     change = raw["shape_change"]
     meta = raw["meta"]
-    settings = load_settings({"TABLETUNE_PROFILE__PATHS": str(ROOT / meta["daemon"]["profile"])})
+    settings = daemon_settings(raw, setting_changes or {})
     pool = load_pools(settings.profile)[0]
     estimator = StepTimeEstimator(StepTimeLayout.of_pool(pool))
     step_time, plugin = settings.step_time, settings.plugin
@@ -102,15 +116,37 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/change_replay_h200.json")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a daemon setting changed for the replay, named as its variable "
+                        "without the TABLETUNE_ prefix, e.g. STEP_TIME__SETTLE_S=0")  # fmt: skip
     args = parser.parse_args(argv)
+    settings = {}
+    for given in args.setting:
+        name, equals, value = given.partition("=")
+        group, _, field = name.lower().partition("__")
+        known = DaemonSettings.model_fields.get(group)
+        if (
+            not equals
+            or known is None
+            or field not in getattr(known.annotation, "model_fields", {})
+        ):
+            parser.error(f"--setting {given}: not NAME=VALUE, NAME a daemon setting "
+                         "(GROUP__FIELD: its TABLETUNE_ variable less the prefix)")  # fmt: skip
+        settings[name] = value
     changes = []
     for path in args.raw:
         raw = json.loads(path.read_text())
         if (raw.get("shape_change") or {}).get("at_s") is not None:
-            changes.append({"raw": path.name, "cycles": replay(raw)})
+            try:
+                cycles = replay(raw, setting_changes=settings)
+            except InputError as error:
+                parser.error(f"--setting: {error}")
+            changes.append({"raw": path.name, "cycles": cycles})
     result = {
         "what": __doc__.splitlines()[0],
-        "command": "bench/gpu/change_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json",
+        "command": "bench/gpu/change_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json"
+        + "".join(f" --setting {name}={value}" for name, value in settings.items()),
+        **({"settings": settings} if settings else {}),
         "cycle_s": CYCLE_S,
         "changes": changes,
     }

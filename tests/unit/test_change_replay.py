@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tabletune.step_cells import CellTotals, cells_to_wire
 from tests.support.gpu_jobs import load_gpu_module
@@ -74,16 +78,43 @@ def _settling_raw() -> dict[str, Any]:
     return {**_raw(), "windows": windows}
 
 
-def test_a_k_run_in_the_transient_after_a_change_is_sent_bursts_again_once_it_settled(
-    monkeypatch: Any,
-) -> None:
+def test_a_k_run_in_the_transient_after_a_change_is_sent_bursts_again_once_it_settled() -> None:
     def bursts_of_k3_late(settle_s: str) -> list[float]:
-        settings = change_replay.load_settings
-        monkeypatch.setattr(change_replay, "load_settings", lambda env: settings(
-            {**env, "TABLETUNE_STEP_TIME__SETTLE_S": settle_s}))  # fmt: skip
-        cycles = change_replay.replay(_settling_raw())
-        monkeypatch.undo()
+        cycles = change_replay.replay(
+            _settling_raw(), setting_changes={"STEP_TIME__SETTLE_S": settle_s}
+        )
         late = (c for c in cycles if c["since_change_s"] > 14)  # past the k=3 stint
         return [c["since_change_s"] for c in late if 3 in c["bursts_at"]]
 
     assert bursts_of_k3_late("15") and not bursts_of_k3_late("0")
+
+
+def test_a_setting_given_on_the_command_line_is_replayed_and_recorded(tmp_path: Path) -> None:
+    raw = tmp_path / "eval_traffic_change_blocks.json"
+    raw.write_text(json.dumps(_settling_raw()))
+    out = tmp_path / "replay.json"
+    assert change_replay.main([str(raw), "--setting", "STEP_TIME__SETTLE_S=0",
+                               "--out", str(out)]) == 0  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["settings"] == {"STEP_TIME__SETTLE_S": "0"}
+    late = (c for c in result["changes"][0]["cycles"] if c["since_change_s"] > 14)
+    assert not any(3 in c["bursts_at"] for c in late)  # as replay() with settling off
+
+
+@pytest.mark.parametrize("setting", [
+    "STEP_TIME__SETTLE_S",  # no value
+    "STEP_TIME__SETTLE_S=-1",  # out of range
+    "STEP_TIME__SETTLE=15",  # no such setting: a typo would otherwise replay the defaults
+    "TABLETUNE_STEP_TIME__SETTLE_S=0",  # the prefix is the script's to add
+])  # fmt: skip
+def test_a_bad_setting_is_a_one_line_error_and_writes_nothing(
+    setting: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = tmp_path / "eval_traffic_change_blocks.json"
+    raw.write_text(json.dumps(_settling_raw()))
+    out = tmp_path / "replay.json"
+    with pytest.raises(SystemExit) as stopped:
+        change_replay.main([str(raw), "--setting", setting, "--out", str(out)])
+    assert stopped.value.code == 2
+    assert "--setting" in capsys.readouterr().err
+    assert not out.exists()
