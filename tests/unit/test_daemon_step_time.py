@@ -546,3 +546,47 @@ def test_a_k_off_the_graph_known_from_its_bursts_keeps_their_standard_error(
     own_error = live.std() * np.sqrt(PARAMS.correlation / steps) / live.mean()
     assert estimate.sigma[row, col] / estimate.ratio[row, col] >= own_error * (1 - 1e-9)
     assert estimate.ratio[row, col] == pytest.approx(live.mean() * 1.0, rel=1e-6)
+
+
+def _spread(k: int, batch: int, factor: float, spread: float, prefill: int, repeat: int) -> dict:
+    """Steps of ``k`` at ``batch`` alternating ``factor`` x (1 -/+ ``spread``) x the profile."""
+    counter = StepCellCounter()
+    for i in range(repeat):
+        step_s = factor * (1 + spread if i % 2 else 1 - spread) * PROFILE.at(batch, k) / 1000.0
+        counter.record(batch_size=batch, k=k, duration_s=step_s,
+                       tokens=batch * (1 + k) + prefill)  # fmt: skip
+    return counter.totals()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.floats(min_value=0.1, max_value=0.6),  # the running k's relative spread a step
+    st.floats(min_value=1.5, max_value=4.0),  # the thin k's level over the running one's
+    st.integers(min_value=2, max_value=29),  # its steps: too few for a spread of its own
+)
+def test_a_k_known_from_a_few_steps_takes_the_replicas_spread_at_its_own_level(
+    spread: float, above: float, steps: int
+) -> None:
+    # A spread is borrowed as a share of the step, not in the profile's units: on the H200
+    # (decode-heavy -> chat-like, 21:38) k=1 ran 3.9x its profile, the running k=3 1.8x;
+    # k=1's three burst steps, taken at k=3's spread in profile units, stood at +-2.6 % and
+    # pushed it for a cycle (it ran 48 ms where they read 32).
+    estimator = _served_estimator()
+    estimator.add(_spread(0, 256, 1.6, spread, 25, 3000), now=0.0, half_life_s=1e9)
+    estimator.add(_bursts(1, 256, [1.6 * above] * steps, 25), now=1.0, half_life_s=1e9)
+    estimate = estimator.estimate(PARAMS)
+    row, col = estimate.ks.index(1), estimate.cells.index((249, 256))
+    borrowed_error = spread * np.sqrt(PARAMS.correlation / steps)
+    assert estimate.sigma[row, col] / estimate.ratio[row, col] >= borrowed_error * (1 - 1e-6)
+
+
+def test_the_priors_spread_is_a_share_of_what_it_pulls_toward() -> None:
+    # Under long contexts every k runs ~3x its pure-decode profile; a k with no step of its own
+    # stands on that pull, and its uncertainty is the prior's share of it, not of the profile
+    # (at long-context B≈186 k=0 and k=1 stood at +-0.2 %, 16-25 % off their arms).
+    estimator = _estimator()
+    estimator.add(_steps(3, [188], 3.0, repeat=3000), now=0.0, half_life_s=1e9)
+    estimate = estimator.estimate(PARAMS)
+    row = estimate.ks.index(2)
+    assert estimate.ratio[row, estimate.cells.index((185, 192))] > 2.5
+    assert estimate.relative_sigma[row, 188 - 1] >= PARAMS.prior_sigma * (1 - 1e-9)

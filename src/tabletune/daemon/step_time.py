@@ -25,9 +25,11 @@ After a shift, one with fewer steps of its own than ``w`` where another k has as
 decision does not trust it over them. The seconds after a shift run slow while the traffic
 settles: ``settle_s`` later, a k that ran the cell meanwhile and runs it no more is forgotten
 once more (it stood on those seconds alone). The
-uncertainty of r_hat combines the prior's (weight w, spread ``prior_sigma``) and the live
-mean's (per-step variance, steps counted as ``1/correlation`` independent samples, since
-neighbouring steps are alike). A k that left the graph is pulled toward its own group's live
+uncertainty of r_hat combines the prior's (weight w, spread ``prior_sigma`` as a share of
+what it pulls toward) and the live mean's (per-step variance, steps counted as
+``1/correlation`` independent samples, since neighbouring steps are alike; a cell of too few
+steps for its own takes the replica's spread as a share of the step, at its own level). A k
+that left the graph is pulled toward its own group's live
 steps, so the pull adds no confidence: their standard error stays whole.
 """
 
@@ -59,6 +61,9 @@ SHIFT_MIN_STEPS = 200.0  # past steps of the running k before a shift of traffic
 # a loss of sight.
 WATCH_STEPS = 2 * SHIFT_MIN_STEPS
 FORGET_ON_SHIFT = 0.02  # what a cell keeps of its past after a shift
+# A step's relative spread before any cell has steps enough for its own: the median of the
+# H200 fixed arms' under users' traffic (0.52 over 173 arms and cells, 0.04-0.96).
+STEP_SPREAD_WITHOUT_DATA = 0.5
 
 
 @dataclass(frozen=True)
@@ -331,10 +336,18 @@ class StepTimeEstimator:
         variance = np.where(
             steps >= 2, np.maximum(self.sums[..., 2] / safe - mean_s**2, 0.0) / prior_s**2, 0.0
         )
-        # Per-step variance where a cell has too few steps of its own: the replica's pooled one.
+        # Per-step variance where a cell has too few steps of its own: the replica's pooled one,
+        # as a share of the step, at the cell's own level (a k running 4x its profile spreads
+        # 4x as far in the profile's units as one running at 1x).
         rich = steps >= 30
-        pooled = float(np.average(variance[rich], weights=steps[rich])) if rich.any() else 0.0025
-        variance = np.where(rich, variance, pooled)
+        level = np.where(seen, np.nan_to_num(live, nan=1.0), 1.0)
+        shares = variance / level**2
+        pooled = (
+            float(np.average(shares[rich], weights=steps[rich]))
+            if rich.any()
+            else STEP_SPREAD_WITHOUT_DATA**2
+        )
+        variance = np.where(rich, variance, pooled * level**2)
 
         w = params.prior_steps
         weighted = np.where(seen, steps * np.nan_to_num(live), 0.0)
@@ -376,9 +389,11 @@ class StepTimeEstimator:
         ratio = (w * common + weighted) / (w + steps)
         ratio = np.where(unknown, UNKNOWN_RATIO, ratio)
 
-        cell_sigma = self._cell_prior_sigma(params, prior_sigma)
+        # The prior's spread is a share of what it pulls toward (under long contexts every k
+        # runs a few times its pure-decode profile, and so does the pull).
+        prior_spread = w * self._cell_prior_sigma(params, prior_sigma) * common
         noise = variance * params.correlation * steps
-        sigma = np.sqrt((w * cell_sigma) ** 2 + noise) / (w + steps)
+        sigma = np.sqrt(prior_spread**2 + noise) / (w + steps)
         # A moved k's pull is toward its group's own live steps, not toward evidence beyond
         # them: w adds no confidence, the steps' own standard error stays (on the H200 at
         # decode-heavy B≈254, k=1 known from 33 burst steps at 27 ms, 0.65 relative spread a
@@ -386,9 +401,7 @@ class StepTimeEstimator:
         # it ran 31 ms, 8 % behind k=0).
         # The pull's error and the k's own steps' add up as if fully correlated (they are one
         # and the same where the k is its group's only member with steps).
-        moved_sigma = np.sqrt(
-            (w * cell_sigma) ** 2 + (w * np.sqrt(group_var) + np.sqrt(noise)) ** 2
-        )
+        moved_sigma = np.sqrt(prior_spread**2 + (w * np.sqrt(group_var) + np.sqrt(noise)) ** 2)
         moved_sigma /= w + steps
         sigma = np.where(moved_k, moved_sigma, sigma)
         sigma = np.maximum(sigma, params.min_sigma * ratio)
