@@ -83,15 +83,22 @@ def mean_step_ms(windows: list[Row], k: int) -> float | None:
 
 
 def replay(raw: Row, *, rates: tuple[float, ...], load: int, part: str = "daemon") -> list[Row]:
-    """A daemon part's recorded step cells through this checkout's estimator and decision."""
+    """A daemon part's recorded step cells through this checkout's estimator and decision,
+    each window's decision from the daemon's start table. The k allowed are the engine's (its
+    starting table's, the k vLLM captured), as the plugin allows them, not only the k of the
+    table the daemon started from."""
     meta = raw["meta"]["daemon"]
     settings = load_settings({"TABLETUNE_PROFILE__PATHS": str(ROOT / meta["profile"])})
     pool = load_pools(settings.profile)[0]
     estimator = StepTimeEstimator(StepTimeLayout.of_pool(pool))
-    params = settings.step_time.blend_params()
+    step_time = settings.step_time
+    params = step_time.blend_params()
     plugin = settings.plugin
+    engine = raw["meta"].get("starting_table") or meta["start_table"]
+    captured = TableState.initial(engine, num_speculative_tokens=3, max_num_seqs=256).allowed_k
     state = replace(
         TableState.initial(meta["start_table"], num_speculative_tokens=3, max_num_seqs=256),
+        allowed_k=captured,
         exploration_interval=plugin.exploration_interval,
         hysteresis=plugin.hysteresis,
     )
@@ -103,10 +110,13 @@ def replay(raw: Row, *, rates: tuple[float, ...], load: int, part: str = "daemon
             continue
         elapsed += window["wall_s"]
         cells: dict[Any, CellTotals] = cells_from_wire(window["cells"])[0]
-        estimator.add(cells, elapsed, half_life_s=settings.step_time.half_life_s)
+        estimator.add(cells, elapsed, half_life_s=step_time.half_life_s, shift=step_time.shift,
+                      correlation=step_time.correlation, settle_s=step_time.settle_s)  # fmt: skip
         estimate = estimator.estimate(params, prior_sigma=pool.relative_sigma)
         decision = decide(
-            estimates=Estimates(estimate.step_times, rates, estimate.relative_sigma),
+            estimates=Estimates(
+                estimate.step_times, rates, estimate.relative_sigma, unproven=estimate.unproven
+            ),
             view=view,
             load_weights={load: 1.0},
             settings=settings.decision,

@@ -86,3 +86,17 @@ def test_the_replay_moves_off_k3_only_when_the_recorded_k2_steps_are_faster(
     assert fast["first_switch_off_k3_after_s"] is not None
     slow = report.report(raw_run(daemon_k2_ms=40.0))["replay_at_this_commit"]
     assert all(d["k_at_load"] == 3 for d in slow["decisions"][:2])
+
+
+def test_the_replay_may_take_every_k_the_engine_captured_not_only_the_daemons_start_tables(
+    report: ModuleType,
+) -> None:
+    # The engine starts on a table of every k (what vLLM captures graphs for, and so what the
+    # plugin allows); the daemon then pushes its own start table, which may leave a k out.
+    # Allowed from the daemon's table, the replay could never take k=2 at decode-heavy B≈126,
+    # where it ran best on the H200 and the live daemon ran it on every step.
+    raw = raw_run(daemon_k2_ms=15.0)
+    raw["meta"]["daemon"]["start_table"] = [[1, 16, 3], [17, 32, 1], [33, 256, 0]]
+    raw["meta"]["starting_table"] = [[1, 1, 0], [2, 2, 1], [3, 3, 2], [4, 256, 3]]
+    replayed = report.replay(raw, rates=(0.75, 0.55, 0.40), load=126)
+    assert replayed[-1]["k_at_load"] == 2
