@@ -24,7 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from shift_replay import CYCLE_S, cycles  # noqa: E402  (this script's folder is on sys.path)
+from live_daemon_report import captured_k  # noqa: E402  (this script's folder is on sys.path)
+from shift_replay import CYCLE_S, cycles  # noqa: E402
 
 from tabletune import __version__  # noqa: E402
 from tabletune.admin.protocol import EngineIdentity  # noqa: E402
@@ -77,14 +78,16 @@ def replay(
     step_time, plugin = settings.step_time, settings.plugin
     rates = tuple(meta["synthetic_rates"])
     windows = (w for w in raw["windows"] if w["part"] == f"{change['part']}-daemon")
+    allowed = captured_k(meta)  # the plugin allows the engine's k, whatever the table in force
     out = []
     for elapsed, last, cells in cycles(windows, cycle_s):
         estimator.add(cells, elapsed, half_life_s=step_time.half_life_s, shift=step_time.shift,
                       correlation=step_time.correlation, settle_s=step_time.settle_s)  # fmt: skip
         estimate = estimator.estimate(step_time.blend_params(), prior_sigma=pool.relative_sigma)
         ran = last["view"]["table"]
+        running = TableState.initial(ran, num_speculative_tokens=3, max_num_seqs=MAX_NUM_SEQS)
         state = replace(
-            TableState.initial(ran, num_speculative_tokens=3, max_num_seqs=MAX_NUM_SEQS),
+            running, allowed_k=allowed or running.allowed_k,
             exploration_interval=plugin.exploration_interval, hysteresis=plugin.hysteresis,
         )  # fmt: skip
         weights = batch_weights(cells) or {change["clients"]: 1.0}

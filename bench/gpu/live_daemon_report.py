@@ -82,6 +82,15 @@ def mean_step_ms(windows: list[Row], k: int) -> float | None:
     return 1000.0 * seconds / steps if steps else None
 
 
+def captured_k(meta: Row) -> frozenset[int] | None:
+    """The k the plugin allows: those of the engine's starting table (vLLM captured them);
+    None where the run did not record it."""
+    engine = meta.get("starting_table")
+    if not engine:
+        return None
+    return TableState.initial(engine, num_speculative_tokens=3, max_num_seqs=256).allowed_k
+
+
 def replay(raw: Row, *, rates: tuple[float, ...], load: int, part: str = "daemon") -> list[Row]:
     """A daemon part's recorded step cells through this checkout's estimator and decision,
     each window's decision from the daemon's start table. The k allowed are the engine's (its
@@ -94,11 +103,10 @@ def replay(raw: Row, *, rates: tuple[float, ...], load: int, part: str = "daemon
     step_time = settings.step_time
     params = step_time.blend_params()
     plugin = settings.plugin
-    engine = raw["meta"].get("starting_table") or meta["start_table"]
-    captured = TableState.initial(engine, num_speculative_tokens=3, max_num_seqs=256).allowed_k
+    start = TableState.initial(meta["start_table"], num_speculative_tokens=3, max_num_seqs=256)
     state = replace(
-        TableState.initial(meta["start_table"], num_speculative_tokens=3, max_num_seqs=256),
-        allowed_k=captured,
+        start,
+        allowed_k=captured_k(raw["meta"]) or start.allowed_k,
         exploration_interval=plugin.exploration_interval,
         hysteresis=plugin.hysteresis,
     )

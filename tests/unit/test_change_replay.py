@@ -12,6 +12,7 @@ from tabletune.step_cells import CellTotals, cells_to_wire
 from tests.support.gpu_jobs import load_gpu_module
 
 load_gpu_module("shift_replay")  # the cycles it replays in
+load_gpu_module("live_daemon_report")  # the k the engine captured
 change_replay = load_gpu_module("change_replay")
 PROFILE = "profiles/h200-qwen3-4b-eagle3-inflight.json"
 PART = "change-decode-heavy-chat-like-B192"
@@ -118,3 +119,19 @@ def test_a_bad_setting_is_a_one_line_error_and_writes_nothing(
     assert stopped.value.code == 2
     assert "--setting" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_every_k_the_engine_captured_may_be_pushed_not_only_those_the_running_table_has() -> None:
+    # The plugin allows every k of the engine's starting table; the table in force after a
+    # change (here k=3 only) need not hold them. k=1 running fast at 185-192 must be takeable.
+    def window(since: float) -> dict[str, Any]:
+        cells = {(3, 185, 192): _cells(3, 188, 20, 0.060, 1200),
+                 (1, 185, 192): _cells(1, 188, 12, 0.020, 1200)}  # fmt: skip
+        return {"part": f"{PART}-daemon", "wall_s": 1.0, "since_daemon_start_s": since,
+                "cells": cells_to_wire(cells, 0.0), "view": {"table": [[1, 256, 3]]}}  # fmt: skip
+
+    raw = {**_raw(), "windows": [window(37.0 + i) for i in range(12)]}
+    raw["meta"]["starting_table"] = [[1, 1, 0], [2, 2, 1], [3, 3, 2], [4, 256, 3]]
+    pushed = [c for c in change_replay.replay(raw) if c["push"]]
+    assert pushed, "k=1 at a third of k=3's step time is never taken"
+    assert next(k for start, end, k in pushed[-1]["new"] if start <= 188 <= end) == 1
