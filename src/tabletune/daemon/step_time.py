@@ -265,6 +265,7 @@ class StepTimeEstimator:
         for col, (row, fresh) in running.items():
             if self._shifted(self.sums[row, col], fresh, shift, correlation):
                 self._forget(col)
+                self.watching[col] = False
                 self.shifted[col] = True
                 if settle_s > 0:
                     self.settle_until[col] = now + settle_s
@@ -276,12 +277,12 @@ class StepTimeEstimator:
         self.watching |= self.sums[..., 0].max(axis=0) >= WATCH_STEPS
         return outside
 
-    def _forget(self, col: int) -> None:
-        """The cell's past, but FORGET_ON_SHIFT of it; no k counts as measured there."""
-        self.sums[:, col] *= FORGET_ON_SHIFT
-        self.measured[:, col] = 0.0
-        self.ran[:, col] = 0.0
-        self.watching[col] = False
+    def _forget(self, col: int, rows: slice | np.ndarray = slice(None)) -> None:
+        """What the cell's k (``rows``, all by default) showed, but FORGET_ON_SHIFT of it; none
+        of them counts as measured there or as having run it."""
+        self.sums[rows, col] *= FORGET_ON_SHIFT
+        self.measured[rows, col] = 0.0
+        self.ran[rows, col] = 0.0
 
     def _settle(self, cols: np.ndarray, running: dict[int, tuple[int, np.ndarray]]) -> None:
         """Settled cells forget what a k showed while it ran the cell during the settling
@@ -290,10 +291,8 @@ class StepTimeEstimator:
         keeps being measured, so its transient fades under fresh steps."""
         for col in cols:
             now_running = running.get(col, (-1,))[0]
-            stopped = [r for r in np.flatnonzero(self.ran[:, col] > 0) if r != now_running]
-            self.sums[stopped, col] *= FORGET_ON_SHIFT
-            self.measured[stopped, col] = 0.0
-            self.ran[stopped, col] = 0.0
+            ran = np.flatnonzero(self.ran[:, col] > 0)
+            self._forget(col, ran[ran != now_running])
         self.settle_until[cols] = math.inf
 
     @staticmethod
