@@ -160,14 +160,7 @@ def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate
             continue
         elapsed += window["wall_s"]
         cells = cells_from_wire(window["cells"])[0]
-        estimator.add(
-            cells,
-            elapsed,
-            half_life_s=settings.half_life_s,
-            shift=settings.shift,
-            correlation=settings.correlation,
-            settle_s=settings.settle_s,
-        )
+        settings.feed(estimator, cells, elapsed)
         yield window, elapsed, estimator.estimate(params, prior_sigma=pool.relative_sigma), pool
 
 

@@ -81,8 +81,7 @@ def replay(
     allowed = captured_k(meta)  # the plugin allows the engine's k, whatever the table in force
     out = []
     for elapsed, last, cells in cycles(windows, cycle_s):
-        estimator.add(cells, elapsed, half_life_s=step_time.half_life_s, shift=step_time.shift,
-                      correlation=step_time.correlation, settle_s=step_time.settle_s)  # fmt: skip
+        step_time.feed(estimator, cells, elapsed)
         estimate = estimator.estimate(step_time.blend_params(), prior_sigma=pool.relative_sigma)
         ran = last["view"]["table"]
         running = TableState.initial(ran, num_speculative_tokens=3, max_num_seqs=MAX_NUM_SEQS)

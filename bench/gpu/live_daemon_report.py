@@ -118,8 +118,7 @@ def replay(raw: Row, *, rates: tuple[float, ...], load: int, part: str = "daemon
             continue
         elapsed += window["wall_s"]
         cells: dict[Any, CellTotals] = cells_from_wire(window["cells"])[0]
-        estimator.add(cells, elapsed, half_life_s=step_time.half_life_s, shift=step_time.shift,
-                      correlation=step_time.correlation, settle_s=step_time.settle_s)  # fmt: skip
+        step_time.feed(estimator, cells, elapsed)
         estimate = estimator.estimate(params, prior_sigma=pool.relative_sigma)
         decision = decide(
             estimates=Estimates(

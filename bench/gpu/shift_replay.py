@@ -60,8 +60,7 @@ def shifts_in(windows: Iterable[Row], layout: StepTimeLayout, cycle_s: float) ->
     fired = []
     for elapsed, _, cycle in cycles(windows, cycle_s):
         before = estimator.shifted.copy()
-        estimator.add(cycle, elapsed, half_life_s=step_time.half_life_s, shift=step_time.shift,
-                      correlation=step_time.correlation, settle_s=step_time.settle_s)  # fmt: skip
+        step_time.feed(estimator, cycle, elapsed)
         if (estimator.shifted & ~before).any():
             fired.append(round(elapsed, 1))
     return fired

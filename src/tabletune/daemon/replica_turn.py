@@ -106,15 +106,7 @@ class ReplicaTurn:
         rt.loads.add(obs)
         if obs.reset:
             rt.step_time.clear()  # the engine restarted, perhaps with other settings
-        step_time = self.settings.step_time
-        rt.step_time.add(
-            obs.step_cells,
-            now,
-            half_life_s=step_time.half_life_s,
-            shift=step_time.shift,
-            correlation=step_time.correlation,
-            settle_s=step_time.settle_s,
-        )
+        self.settings.step_time.feed(rt.step_time, obs.step_cells, now)
         estimate = rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma)
         self.checks.step_time(rt, obs.step_cells, now)
         self.checks.profile_setup(rt, now)  # against the last view read (a cycle late at first)

@@ -20,7 +20,8 @@ from pydantic_settings import (
     NoDecode,
 )
 
-from tabletune.daemon.step_time import StepTimeParams
+from tabletune.daemon.step_time import StepTimeEstimator, StepTimeParams
+from tabletune.step_cells import StepCells
 
 
 def _split_list(value: object) -> object:
@@ -295,6 +296,13 @@ class StepTimeSettings(_Group):
     def blend_params(self) -> StepTimeParams:
         """How the estimate blends live data and the profile (the change checks apart)."""
         return StepTimeParams(**self.model_dump(exclude={"enabled", "shift", "settle_s"}))
+
+    def feed(self, estimator: StepTimeEstimator, cells: StepCells, now: float) -> int:
+        """One interval's step cells into ``estimator`` as the daemon adds them (fading, the
+        shift check, settling); the replays of recorded runs add them the same way. Returns
+        the cells outside its layout."""
+        return estimator.add(cells, now, half_life_s=self.half_life_s, shift=self.shift,
+                             correlation=self.correlation, settle_s=self.settle_s)  # fmt: skip
 
 
 class PluginSettings(_Group):
