@@ -50,7 +50,7 @@ from bench.common import environment, write_result  # noqa: E402
 from bench.daemon_bench import bench_scale  # noqa: E402
 from bench.harness import ReplicaAdmin, Rig, run_per_step  # noqa: E402
 from tabletune.baselines import NightjarStylePolicy  # noqa: E402
-from tabletune.daemon.settings import load_settings  # noqa: E402
+from tabletune.daemon.settings import setting_overrides  # noqa: E402
 from tabletune.errors import InputError  # noqa: E402
 from tabletune.sim.build import build_engine, resolve_profile  # noqa: E402
 from tabletune.sim.engine import EngineSim  # noqa: E402
@@ -280,18 +280,13 @@ OWN_SETTINGS = ("LOOP__INTERVAL_S", "PROFILE__PATHS", "STATE__DIR", "SERVER__POR
 def settings_of(given: Sequence[str]) -> dict[str, str]:
     """``GROUP__NAME=VALUE`` arguments as daemon settings, each checked by the daemon's own
     settings before anything runs (a bad one is refused here, in one line)."""
-    env = {}
-    for item in given:
-        name, sep, value = item.partition("=")
-        if not sep or "__" not in name:
-            raise SystemExit(f"--setting {item!r}: expected GROUP__NAME=VALUE")
-        if name.upper() in OWN_SETTINGS:
-            raise SystemExit(f"--setting {item!r}: this benchmark sets {name.upper()} itself")
-        env[name.upper()] = value
     try:
-        load_settings({f"TABLETUNE_{name}": value for name, value in env.items()})
+        env = setting_overrides(given)
     except InputError as error:
-        raise SystemExit(f"--setting: {error}") from None
+        raise SystemExit(f"--setting {error}") from None
+    for name in env:
+        if name in OWN_SETTINGS:
+            raise SystemExit(f"--setting {name}: this benchmark sets {name} itself")
     return env
 
 

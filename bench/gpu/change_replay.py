@@ -33,7 +33,12 @@ from tabletune.admin.state import TableState  # noqa: E402
 from tabletune.daemon.decide import Estimates, decide  # noqa: E402
 from tabletune.daemon.explore import exploration_ks  # noqa: E402
 from tabletune.daemon.profiles import load_pools  # noqa: E402
-from tabletune.daemon.settings import ENV_PREFIX, DaemonSettings, load_settings  # noqa: E402
+from tabletune.daemon.settings import (  # noqa: E402
+    ENV_PREFIX,
+    DaemonSettings,
+    load_settings,
+    setting_overrides,
+)
 from tabletune.daemon.step_time import (  # noqa: E402
     MEASURED_STEPS,
     StepTimeEstimator,
@@ -122,28 +127,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="a daemon setting changed for the replay, named as its variable "
                         "without the TABLETUNE_ prefix, e.g. STEP_TIME__SETTLE_S=0")  # fmt: skip
     args = parser.parse_args(argv)
-    settings = {}
-    for given in args.setting:
-        name, equals, value = given.partition("=")
-        group, _, field = name.lower().partition("__")
-        known = DaemonSettings.model_fields.get(group)
-        if (
-            not equals
-            or known is None
-            or field not in getattr(known.annotation, "model_fields", {})
-        ):
-            parser.error(f"--setting {given}: not NAME=VALUE, NAME a daemon setting "
-                         "(GROUP__FIELD: its TABLETUNE_ variable less the prefix)")  # fmt: skip
-        settings[name] = value
+    try:
+        settings = setting_overrides(args.setting)
+    except InputError as error:
+        parser.error(f"--setting {error}")
     changes = []
     for path in args.raw:
         raw = json.loads(path.read_text())
         if (raw.get("shape_change") or {}).get("at_s") is not None:
-            try:
-                cycles = replay(raw, setting_changes=settings)
-            except InputError as error:
-                parser.error(f"--setting: {error}")
-            changes.append({"raw": path.name, "cycles": cycles})
+            changes.append({"raw": path.name, "cycles": replay(raw, setting_changes=settings)})
     result = {
         "what": __doc__.splitlines()[0],
         "command": "bench/gpu/change_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json"

@@ -15,6 +15,7 @@ from tabletune.daemon.settings import (
     load_settings,
     masked,
     render_env_example,
+    setting_overrides,
 )
 from tabletune.errors import InputError
 
@@ -277,3 +278,26 @@ def test_prometheus_credentials_are_masked_wherever_they_are_given() -> None:
 def test_conflicting_prometheus_auth_is_refused(env: dict[str, str], message: str) -> None:
     with pytest.raises(InputError, match=message):
         load_settings({f"TABLETUNE_SOURCE__{k}": v for k, v in env.items()})
+
+
+def test_overrides_are_named_as_variables_less_the_prefix_and_checked_as_the_daemon_would() -> None:
+    assert setting_overrides(["decision__trials=true", "STEP_TIME__SETTLE_S=0"]) == {
+        "DECISION__TRIALS": "true", "STEP_TIME__SETTLE_S": "0"}  # fmt: skip
+    assert setting_overrides([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("DECISION__TRIALS", "GROUP__NAME=VALUE"),  # no value
+        ("TRIALS=true", "GROUP__NAME=VALUE"),  # no group
+        ("=true", "GROUP__NAME=VALUE"),
+        ("NO_SUCH__TRIALS=true", "NO_SUCH"),  # an unknown group: not ignored
+        ("TABLETUNE_DECISION__TRIALS=true", "TABLETUNE_DECISION"),  # the prefix is not given
+        ("DECISION__NO_SUCH=1", "NO_SUCH"),  # an unknown setting of a known group
+        ("DECISION__TRIALS=perhaps", "TABLETUNE_DECISION__TRIALS"),  # a bad value
+    ],
+)
+def test_a_bad_override_is_refused_naming_it(bad: str, says: str) -> None:
+    with pytest.raises(InputError, match=says):
+        setting_overrides([bad])

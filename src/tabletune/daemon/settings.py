@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import (
@@ -174,6 +174,24 @@ def load_settings(env: dict[str, str] | None = None) -> DaemonSettings:
         raise InputError(f"{env_name(first['loc'])}: {first['msg']}{shown}{more}") from None
     except ValueError as error:  # pydantic-settings' SettingsError for undecodable values
         raise InputError(f"bad TABLETUNE_* environment: {error}") from None
+
+
+def setting_overrides(items: Iterable[str]) -> dict[str, str]:
+    """``GROUP__NAME=VALUE`` items (a daemon variable less its TABLETUNE_ prefix), as the
+    benchmarks and replays take them, by upper-cased name. InputError names the first bad one:
+    not of that form, of no settings group (the environment would ignore it), or refused by the
+    daemon's own settings."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        group, _, field = name.lower().partition(NESTED)
+        if not sep or not group or not field:
+            raise InputError(f"{item!r}: expected GROUP__NAME=VALUE")
+        if group not in DaemonSettings.model_fields:
+            raise InputError(f"{item!r}: {group.upper()} is no group of the daemon's settings")
+        env[name.upper()] = value
+    load_settings({ENV_PREFIX + name: value for name, value in env.items()})
+    return env
 
 
 def _from_mapping(env: dict[str, str]) -> DaemonSettings:
