@@ -99,6 +99,13 @@ report chat_like_b192_56_rounds_blocks \
   eval_traffic_chat_like_b192_56_rounds_blocks_h200_20261201T2147Z.json $(logs 20261201T2147Z)
 report decode_heavy_b128_44_rounds_blocks \
   eval_traffic_decode_heavy_b128_44_rounds_blocks_h200_20261201T2156Z.json $(logs 20261201T2156Z)
+# One H200, 2026-12-01 23:31, 23:39, 23:48 UTC (32f7a1ba; a thin k's spread as a share of its level).
+report shape_change_spreads_blocks \
+  eval_traffic_shape_change_spreads_blocks_h200_20261201T2331Z.json $(logs 20261201T2331Z)
+report decode_heavy_b256_nightjar_spreads_blocks \
+  eval_traffic_decode_heavy_b256_nightjar_spreads_blocks_h200_20261201T2339Z.json $(logs 20261201T2339Z)
+report long_context_b192_spreads_blocks \
+  eval_traffic_long_context_b192_spreads_blocks_h200_20261201T2348Z.json $(logs 20261201T2348Z)
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json

@@ -18,7 +18,9 @@ and the shape change as each launch that ran one measured it; and how well the d
 (B·τ(k)/T from the steps' own times) gave the tokens vLLM counted for every fixed arm
 (``model_check``). The daemon's goal is also given
 over the launches of the newest commit whose daemon ran on its default settings
-(``daemon_at_newest_commit``): older launches ran a daemon since changed.
+(``daemon_at_newest_commit``, the bandit against that daemon and that commit's shape change
+beside): older launches ran a daemon since changed; and per load, the daemon's goal at that
+load's newest launch with the commit it ran (``newest_launch_per_load``).
 
     .venv/bin/python bench/gpu/traffic_summary.py   # bench/results/eval_traffic_summary_h200.*
 """
@@ -57,6 +59,7 @@ def rows_of(report: Row, name: str) -> list[Row]:
         daemon = entry["daemon_by_k_mix"]
         row: Row = {
             "shape": shape_of(load),
+            "clients": load.rsplit("-B", 1)[1],
             "effective_batch": entry["effective_batch"],
             "report": name,
             "date": meta["date"],
@@ -181,7 +184,8 @@ def shape_changes(reports: dict[str, Row]) -> list[Row]:
             beside["by_k_mix"] = {"share_at_90s": steps["measured"]["share_at_90s"],
                                   "pass": steps["pass"]}  # fmt: skip
         out.append({
-            "report": name, "date": report["meta"]["date"], "goal": change["goal"],
+            "report": name, "date": report["meta"]["date"],
+            "commit": report["meta"]["commit"][:7], "goal": change["goal"],
             "measured": judged["measured"], "pass": judged["pass"], **beside,
         })  # fmt: skip
     return out
@@ -239,29 +243,54 @@ def summarize(reports: dict[str, Row]) -> Row:
             for shape, group in by_shape.items()
         }
         | {"shape_change": shape_changes(chosen)},
-        "daemon_at_newest_commit": newest_commit_goals(rows),
+        "daemon_at_newest_commit": newest_commit_goals(rows, shape_changes(chosen)),
+        "newest_launch_per_load": newest_launch_per_load(rows),
         "model_check": model_check(chosen),
         "loads": dict(by_shape),
     }
 
 
-def newest_commit_goals(rows: list[Row]) -> Row:
-    """The daemon's goal per shape over the newest commit's launches (by date) whose daemon
-    ran on its default settings."""
+def newest_commit_goals(rows: list[Row], changes: list[Row]) -> Row:
+    """The goals over the newest commit's launches (by date) whose daemon ran on its default
+    settings: the daemon's and the bandit's against it per shape, and its shape changes."""
     if not rows:
         return {}
     commit = max(rows, key=lambda r: r["date"])["commit"]
     mine = [r for r in rows if r["commit"] == commit and not r.get("daemon_settings")]
-    shapes = sorted({r["shape"] for r in mine})
+    by_shape = {s: [r for r in mine if r["shape"] == s] for s in sorted({r["shape"] for r in mine})}
     return {
         "commit": commit,
         "goals": {
-            shape: daemon_goal(
-                [r for r in mine if r["shape"] == shape], GOALS.get(shape, DEFAULT_GOAL)
-            )
-            for shape in shapes
+            shape: daemon_goal(group, GOALS.get(shape, DEFAULT_GOAL))
+            for shape, group in by_shape.items()
         },
+        "nightjar_style_over_daemon": {
+            shape: nightjar_goal(group)
+            for shape, group in by_shape.items()
+            if any("nightjar_loss" in r for r in group)
+        },
+        "shape_change": [c for c in changes if c["commit"] == commit],
     }
+
+
+def newest_launch_per_load(rows: list[Row]) -> Row:
+    """Per shape and clients, the daemon's goal at the newest launch of that load whose daemon
+    ran on its default settings, with the commit it ran: where each load stands now."""
+    out: dict[str, Row] = defaultdict(dict)
+    for (shape, clients), row in newest_rows(rows).items():
+        goal = daemon_goal([row], GOALS.get(shape, DEFAULT_GOAL))
+        out[shape][f"B{clients}"] = {
+            "verdict": goal["verdict"], "loss": row["daemon_loss"], "bound": row["daemon_bound"],
+            "at": goal["worst_at"], "commit": row["commit"],
+        }  # fmt: skip
+    return dict(out)
+
+
+def newest_rows(rows: list[Row]) -> dict[tuple[str, str], Row]:
+    """(shape, clients) -> the newest row of that load whose daemon ran on its defaults."""
+    defaults = [r for r in rows if not r.get("daemon_settings")]
+    ordered = sorted(defaults, key=lambda r: (r["shape"], int(r["clients"]), r["date"]))
+    return {(r["shape"], r["clients"]): r for r in ordered}  # the newest is written last
 
 
 def _where(row: Row) -> str:
@@ -275,6 +304,9 @@ def plot(summary: Row, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     shapes = list(summary["loads"])
+    newest = [
+        id(r) for r in newest_rows([r for rows in summary["loads"].values() for r in rows]).values()
+    ]
     fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
     for ax, shape in zip(axes[0], shapes, strict=True):
         for who, colour in (("daemon", "C0"), ("nightjar", "C3")):
@@ -284,12 +316,16 @@ def plot(summary: Row, path: Path) -> None:
                 ax.errorbar(
                     r["effective_batch"], 100 * r[f"{who}_loss"], fmt="o", color=colour,
                     yerr=[[100 * (r[f"{who}_loss"] - low)], [100 * (high - r[f"{who}_loss"])]],
-                    alpha=0.7, label=who if r is rows[0] else None,
+                    alpha=0.9 if id(r) in newest else 0.25,  # a load's newest launch stands out
+                    label=who if r is rows[0] else None,
                 )  # fmt: skip
         ax.axhline(100 * GOALS.get(shape, DEFAULT_GOAL), color="k", ls="--", lw=1, label="goal")
         ax.set(title=shape, xlabel="effective batch", ylabel="loss vs best fixed k (%)")
         ax.legend(fontsize=8)
-    fig.suptitle("Users' traffic on the H200: loss by the k the steps ran, with bounds")
+    fig.suptitle(
+        "Users' traffic on the H200: loss by the k the steps ran, with bounds "
+        "(faded: a load's older launches)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -198,3 +198,50 @@ def test_the_model_check_gathers_every_fixed_arm_of_the_targets_loads() -> None:
     assert check["counted_over_modelled"] == {"min": 0.96, "median": 0.98, "max": 1.02}
     assert check["median_by_k"] == {"k1": 0.98, "k3": 0.99}
     assert check["its_two_factors_median_by_k"]["step_seconds_over_wall"] == {}  # not given
+
+
+def test_the_newest_commit_judges_its_bandit_and_its_shape_change_apart() -> None:
+    """At the newest commit the bandit is set against that commit's daemon (an older daemon's
+    miss does not cap its ratio), and only that commit's shape change is kept."""
+    bandit = _bandit(0.14, 0.07, 0.2)
+    target = "new table <= 60 s, >= 95 % of the gap in 90 s"
+    change = {"measured": {"new_table_by_s": 4.8, "share_at_90s": 1.0}, "goal": target,
+              "pass": True}  # fmt: skip
+    reports = {
+        "old.json": _report({"decode-heavy-B256": _load(0.16, (0.0, 0.3), batch=254.0)}),
+        "new.json": _report({"decode-heavy-B256": _load(0.0, (0.0, 0.0), batch=254.0,
+                                                        nightjar_by_k_mix=bandit)},
+                            date="2026-12-01T23:39", commit="32f7a1ba"),
+        "change.json": _report({}, date="2026-12-01T23:31", commit="32f7a1ba"),
+        "old_change.json": _report({}),
+    }  # fmt: skip
+    reports["change.json"]["goals"]["shape_change"] = change
+    reports["old_change.json"]["goals"]["shape_change"] = {**change, "pass": False}
+    out = summary_module.summarize(reports)
+    assert out["goals"]["decode-heavy"]["nightjar_style_over_daemon"]["verdict"].startswith(
+        "missed"
+    )
+    newest = out["daemon_at_newest_commit"]
+    assert newest["commit"] == "32f7a1b"
+    assert newest["nightjar_style_over_daemon"]["decode-heavy"]["verdict"] == "met"
+    assert [c["report"] for c in newest["shape_change"]] == ["change.json"]
+
+
+def test_each_load_is_read_at_its_newest_launch_with_its_commit() -> None:
+    """Per shape and clients, the newest launch whose daemon ran on its defaults decides the
+    load's standing; its commit and date say which daemon that was."""
+    reports = {
+        "a.json": _report({"decode-heavy-B256": _load(0.16, (0.1, 0.3), batch=254.0),
+                           "decode-heavy-B128": _load(0.05, (0.0, 0.2))}),
+        "b.json": _report({"decode-heavy-B256": _load(0.0, (0.0, 0.0), batch=254.0)},
+                          date="2026-12-01T23:39", commit="32f7a1ba"),
+        "c.json": _report({"decode-heavy-B256": _load(0.2, (0.1, 0.3), batch=254.0)},
+                          date="2026-12-02T00:00", commit="32f7a1ba",
+                          settings={"TABLETUNE_DECISION__TRIALS": "true"}),
+    }  # fmt: skip
+    per_load = summary_module.summarize(reports)["newest_launch_per_load"]["decode-heavy"]
+    assert list(per_load) == ["B128", "B256"]
+    assert per_load["B256"]["verdict"] == "met"
+    assert per_load["B256"]["commit"] == "32f7a1b"
+    assert per_load["B256"]["at"] == "B≈254 (2026-12-01T23:39)"
+    assert per_load["B128"]["verdict"] == "missed"  # 5 % by point against 1.5 %
