@@ -81,6 +81,7 @@ SINGLE_K = 0.99  # an arm whose steps ran at one k this often is that fixed-k co
 NIGHTJAR = "nightjar"  # the arm of the Nightjar-style bandit run in the engine
 NIGHTJAR_FACTOR = 3.0  # issue 16: its worst-load loss at least this many times the daemon's
 MAX_NUM_SEQS = 256  # every launch's (live_step_time.sh): where the documented table is cut
+SETTLED_WINDOWS = 5  # the daemon's own windows after its last change at the load, to price them
 ALPHA = 0.05  # a fixed k is beaten by the best when the sign test's p is at most this
 STALL_GPU_PCT = 80  # a window whose GPU was busy less than this waited on the host
 MIN_PAIRS = 3  # a correlation needs at least this many windows
@@ -289,6 +290,35 @@ def daemon_by_k_mix(mix: dict[int, float], best: str, units: list[dict[str, floa
             **bounds}  # fmt: skip
 
 
+def daemon_exploring_by_k_mix(daemon_windows: list[Row], batch: int, best: str,
+                              arms: dict[str, Row], key: str) -> Row:  # fmt: skip
+    """The daemon as it serves, exploring on: its own windows (the part before the rotation)
+    after its table last changed k at the load, priced by the k their steps ran as the bandit
+    is (``k_mix_cost``; a k not run lost whole in the upper bound). Its arm in the rotation
+    runs its table with exploring off; here its bursts and acceptance steps at K count. The
+    window that saw the last push may hold the old k's steps, so it is left out."""
+    viewed = [w for w in daemon_windows if w.get("view")]
+    ks = [next((k for s, e, k in w["view"]["table"] if s <= batch <= e), 0) for w in viewed]
+    first = len(viewed)
+    while first > 0 and ks[first - 1] == ks[-1]:
+        first -= 1
+    settled = viewed[first + 1 :]
+    out: Row = {"settled_at_s": viewed[first].get("since_daemon_start_s") if viewed else None,
+                "windows": len(settled)}  # fmt: skip
+    if len(settled) < SETTLED_WINDOWS:
+        why = f"settled at the load for fewer than {SETTLED_WINDOWS} windows"
+        return {**out, "loss_from_k_mix": None, "note": why}
+    mix = k_mix(pooled(settled), "seconds")
+    cost = k_mix_cost(mix, best, arms, key)
+    return {**out, "k_time_mix": mix, "loss_from_k_mix": round(cost["priced"], 4),
+            "loss_lower_bound": round(cost["priced_at_least"], 4),
+            "loss_upper_bound": round(cost["priced_at_most"] + cost["share_at_k_not_run"], 4),
+            "share_at_k_not_run": cost["share_at_k_not_run"],
+            "note": "the daemon's own windows after its table settled at the load, exploring "
+                    "on (bursts, acceptance steps at K), not in the same seconds as the arms: "
+                    "judged by its k mix only"}  # fmt: skip
+
+
 def window_engine(w: Row) -> Row:
     """What the engine did in a window, from its raw row: its steps (vLLM's
     iteration_tokens_total count), mean decoding step (the plugin's cells: their seconds over
@@ -482,6 +512,10 @@ def load_report(raw: Row, part: str) -> Row | None:
         "round", rounds, "paired")  # fmt: skip
     by_mix = {} if "daemon" not in arms else {
         "daemon_by_k_mix": daemon_by_k_mix(time_mix["daemon"], best, units, key, arms)}  # fmt: skip
+    own = [w for w in raw["windows"] if w["part"] == f"{part}-daemon"]
+    if own:
+        by_mix["daemon_exploring_by_k_mix"] = daemon_exploring_by_k_mix(
+            own, round(effective), best, arms, key)  # fmt: skip
     # The bandit: an arm of the rotation, or (runs of blocks) its own windows after it.
     alone = [w for w in raw["windows"] if w["part"] == f"{part}-nightjar"]
     alone_cells = pooled(alone)

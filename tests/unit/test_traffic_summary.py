@@ -245,3 +245,28 @@ def test_each_load_is_read_at_its_newest_launch_with_its_commit() -> None:
     assert per_load["B256"]["commit"] == "32f7a1b"
     assert per_load["B256"]["at"] == "B≈254 (2026-12-01T23:39)"
     assert per_load["B128"]["verdict"] == "missed"  # 5 % by point against 1.5 %
+
+
+def test_the_daemon_exploring_is_judged_beside_its_table() -> None:
+    """Its own windows after it settled, bursts and acceptance steps included, against the same
+    goal: a lower bound past the goal misses it even where its table (exploring off) met it;
+    a load whose daemon never settled long enough has no reading and is left out."""
+    exploring = {"loss_from_k_mix": 0.036, "loss_lower_bound": 0.018, "loss_upper_bound": 0.048}
+    unsettled = {"loss_from_k_mix": None, "note": "settled at the load for fewer than 5 windows"}
+    reports = {
+        "a.json": _report({
+            "decode-heavy-B256": _load(0.0, (0.0, 0.0), batch=254.0,
+                                       daemon_exploring_by_k_mix=exploring),
+            "decode-heavy-B128": _load(0.0, (0.0, 0.0), daemon_exploring_by_k_mix=unsettled),
+        }),
+    }  # fmt: skip
+    out = summary_module.summarize(reports)
+    assert out["goals"]["decode-heavy"]["daemon_worst_load_loss"]["verdict"] == "met"
+    goal = out["goals"]["decode-heavy"]["daemon_exploring_worst_load_loss"]
+    assert goal["verdict"] == "missed" and goal["worst"] == 0.036
+    assert goal["past_the_goal"] == ["B≈254 (2026-12-01T12:11)"]
+    per_load = out["newest_launch_per_load"]["decode-heavy"]
+    assert per_load["B256"]["exploring"] == {"verdict": "missed", "loss": 0.036,
+                                             "bound": [0.018, 0.048]}  # fmt: skip
+    assert "exploring" not in per_load["B128"]
+    assert out["daemon_at_newest_commit"]["exploring"]["decode-heavy"]["verdict"] == "missed"

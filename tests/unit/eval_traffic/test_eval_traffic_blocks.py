@@ -525,3 +525,39 @@ def test_the_default_profiles_table_is_priced_beside_the_in_flight_one(
     assert default["table"][-1] == [164, 256, 1] and default["k_time_mix"] == {1: 1.0}
     raw["meta"]["target"] = "no-such-target"
     assert "measured_default_profile" not in report.report(raw)["loads"][part]["tables_by_k_mix"]
+
+
+def daemon_part(part: str, tables: list[list[list[int]]],
+                mix: dict[int, float]) -> list[dict[str, Any]]:  # fmt: skip
+    """The daemon part before the rotation: one window a second, each under its table (as
+    the daemon's view showed it at the window's end), its steps at ``mix``."""
+    return [{**with_k_mix(window(f"{part}-daemon", "live", 11000.0, 3), mix),
+             "since_daemon_start_s": float(i + 1), "view": {"table": table}}
+            for i, table in enumerate(tables)]  # fmt: skip
+
+
+def test_the_daemons_own_windows_after_it_settled_are_priced_exploring_included(
+    driver: ModuleType, report: ModuleType
+) -> None:
+    """Its table put k3 at the load at 4 s; the window that saw the push may hold the old k,
+    so from 5 s on its five windows count: a tenth of their time at k1 (bursts), which runs
+    25 % below k3, costs 2.5 %."""
+    raw, part = block_run(driver, per_block=2, stall_blocks=set())
+    old, new = [[1, 256, 1]], [[1, 256, 3]]
+    raw["windows"] = daemon_part(part, [old] * 3 + [new] * 6, {3: 90.0, 1: 10.0}) + raw["windows"]
+    mine = report.report(raw)["loads"][part]["daemon_exploring_by_k_mix"]
+    assert (mine["settled_at_s"], mine["windows"]) == (4.0, 5)
+    assert mine["k_time_mix"] == {1: 0.1, 3: 0.9}
+    assert mine["loss_from_k_mix"] == 0.025
+    assert (mine["loss_lower_bound"], mine["loss_upper_bound"]) == (0.025, 0.025)
+
+
+def test_a_daemon_that_settled_too_late_to_read_is_said_so(
+    driver: ModuleType, report: ModuleType
+) -> None:
+    raw, part = block_run(driver, per_block=2, stall_blocks=set())
+    tables = [[[1, 256, 1]]] * 6 + [[[1, 256, 3]]] * 3
+    raw["windows"] = daemon_part(part, tables, {3: 100.0}) + raw["windows"]
+    mine = report.report(raw)["loads"][part]["daemon_exploring_by_k_mix"]
+    assert mine["loss_from_k_mix"] is None and mine["windows"] == 2
+    assert "settled" in mine["note"]
