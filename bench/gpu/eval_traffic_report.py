@@ -295,8 +295,11 @@ def daemon_exploring_by_k_mix(daemon_windows: list[Row], batch: int, best: str,
     """The daemon as it serves, exploring on: its own windows (the part before the rotation)
     after its table last changed k at the load, priced by the k their steps ran as the bandit
     is (``k_mix_cost``; a k not run lost whole in the upper bound). Its arm in the rotation
-    runs its table with exploring off; here its bursts and acceptance steps at K count. The
-    window that saw the last push may hold the old k's steps, so it is left out."""
+    runs its table with exploring off; here its bursts count (but for each switch's first
+    step, which no cell holds, so this reads low). The window that saw the last push may hold
+    the old k's steps, so it is left out. The part is
+    short (30 s in every launch): this prices the bursts that measure each k after a start,
+    which stop once every k is measured."""
     viewed = [w for w in daemon_windows if w.get("view")]
     ks = [next((k for s, e, k in w["view"]["table"] if s <= batch <= e), 0) for w in viewed]
     first = len(viewed)
@@ -304,6 +307,7 @@ def daemon_exploring_by_k_mix(daemon_windows: list[Row], batch: int, best: str,
         first -= 1
     settled = viewed[first + 1 :]
     out: Row = {"settled_at_s": viewed[first].get("since_daemon_start_s") if viewed else None,
+                "until_s": viewed[-1].get("since_daemon_start_s") if viewed else None,
                 "windows": len(settled)}  # fmt: skip
     if len(settled) < SETTLED_WINDOWS:
         why = f"settled at the load for fewer than {SETTLED_WINDOWS} windows"
@@ -314,9 +318,11 @@ def daemon_exploring_by_k_mix(daemon_windows: list[Row], batch: int, best: str,
             "loss_lower_bound": round(cost["priced_at_least"], 4),
             "loss_upper_bound": round(cost["priced_at_most"] + cost["share_at_k_not_run"], 4),
             "share_at_k_not_run": cost["share_at_k_not_run"],
-            "note": "the daemon's own windows after its table settled at the load, exploring "
-                    "on (bursts, acceptance steps at K), not in the same seconds as the arms: "
-                    "judged by its k mix only"}  # fmt: skip
+            "note": "the daemon's own windows after its table settled at the load until its "
+                    "part ended (--daemon-s), exploring on: what the bursts measuring each k "
+                    "after a start cost, not its cost after longer; a low reading, as a k "
+                    "switch's first step (a single acceptance step at K too) is in no cell; not "
+                    "in the same seconds as the arms: judged by its k mix only"}  # fmt: skip
 
 
 def window_engine(w: Row) -> Row:

@@ -9,7 +9,9 @@ Per shape, judged on every load of every launch:
 - the daemon's worst-load loss against the goal (<= 1.5 % decode-heavy, <= 3 % else): "met"
   when every bound is within it, "missed" when some loss by point is past it, else "not
   judgeable"; judged on its table (its arm, exploring off) and, beside it, on its own windows
-  once settled, exploring on (``daemon_exploring_worst_load_loss``: what it costs as it serves);
+  once settled until its part ended, exploring on (``daemon_exploring_worst_load_loss``: what
+  the bursts measuring each k after a start cost; the parts last 30 s, so not what it costs
+  after longer);
 - each static table's worst loss by k mix (vLLM's documented one, the measured one, the
   pure-decode profile's), for comparison;
 - the Nightjar-style bandit's worst-load loss against 3x the daemon's worst: by point, and

@@ -546,7 +546,7 @@ def test_the_daemons_own_windows_after_it_settled_are_priced_exploring_included(
     old, new = [[1, 256, 1]], [[1, 256, 3]]
     raw["windows"] = daemon_part(part, [old] * 3 + [new] * 6, {3: 90.0, 1: 10.0}) + raw["windows"]
     mine = report.report(raw)["loads"][part]["daemon_exploring_by_k_mix"]
-    assert (mine["settled_at_s"], mine["windows"]) == (4.0, 5)
+    assert (mine["settled_at_s"], mine["until_s"], mine["windows"]) == (4.0, 9.0, 5)
     assert mine["k_time_mix"] == {1: 0.1, 3: 0.9}
     assert mine["loss_from_k_mix"] == 0.025
     assert (mine["loss_lower_bound"], mine["loss_upper_bound"]) == (0.025, 0.025)
