@@ -138,10 +138,13 @@ def daemon_at(
     overrides: dict[str, Any] | None = None,
     horizon_s: float = HORIZON_S,
     interval_s: float = INTERVAL_S,
+    record_cycles: bool = False,
     **env: str,
 ) -> dict[str, Any]:
     """The daemon (default settings but ``env``) for ``horizon_s`` at ``load`` from the
-    profile's table; ``overrides``: scenario fields replaced (``seed``, ``step_noise``)."""
+    profile's table; ``overrides``: scenario fields replaced (``seed``, ``step_noise``).
+    ``record_cycles``: also each cycle's end, the table's k, the true loss of the steps run
+    in it (exploring included) and whether the plugin's neighbour bursts were on."""
     rig = Rig(
         scenario, profile, workdir, overrides=overrides, LOOP__INTERVAL_S=str(interval_s), **env
     )
@@ -153,10 +156,23 @@ def daemon_at(
     score = ExpectedScore(replica.engine)
     start = rig.sim_s
     history: list[tuple[float, int]] = []
+    cycles: list[dict[str, Any]] = []
+    bursts = record_cycles and admin.get_table().neighbour_interval > 0
     while rig.sim_s - start < horizon_s - 1e-9:
-        rig.controller.run_cycle()
+        began = replica.engine.now
+        rig.controller.run_cycle()  # the steps since the last cycle ran its settings
         truth = replica.truth(last=0)
         history.append((round(rig.sim_s - start, 1), truth["current"].get("table_k")))
+        if record_cycles:
+            if replica.engine.now > began:
+                cycles.append({
+                    "at_s": round(rig.sim_s - start, 1),
+                    "table_k": truth["current"].get("table_k"),
+                    "best_k": truth["current"].get("best_fixed_k"),
+                    "steps_loss": score.loss(began, replica.engine.now),
+                    "bursts": bursts,
+                })  # fmt: skip
+            bursts = admin.get_table().neighbour_interval > 0
         rig.wall.t += interval_s
     truth = replica.truth(last=0)
     engine = replica.engine
@@ -171,6 +187,7 @@ def daemon_at(
         "measured_loss": score.loss(end - WINDOW_S, end),
         "true_step_ms": truth["current"]["step_ms"],
         "profile_step_ms": truth["current"]["profile_step_ms"],
+        **({"cycles": cycles} if record_cycles else {}),
     }
 
 
