@@ -1,6 +1,7 @@
 """What exploring costs the daemon over minutes, on the emulator: the price of the plugin's
 neighbour bursts and acceptance steps at K once the table is right, and how fast the table gets
-right, at the default burst spacing and sparser ones. Writes bench/results/explore_cost_sim.json.
+right, at the default burst spacing and sparser ones, re-checks of long shots at their own.
+Writes bench/results/explore_cost_sim.json.
 
 On the H200 (issue 16) the daemon's own windows after its table settled lost 1-3.6 % to its
 bursts (decode-heavy B≈254: 21 % of the time at other k than the best, to the end of a 30 s
@@ -15,7 +16,7 @@ steps' loss from then on (what exploring costs once the table is right), over th
 ``EARLY_S`` and after it, that loss over the cycles after it without bursts (what the
 acceptance steps at K cost alone), and the share of those cycles with bursts.
 
-    .venv/bin/python bench/explore_cost_sim.py            # 4 loads x 4 seeds x 4 arms (~1 min)
+    .venv/bin/python bench/explore_cost_sim.py            # 4 loads x 12 seeds x 6 arms (~2 min)
     .venv/bin/python bench/explore_cost_sim.py --quick    # 2 loads x 2 seeds, 240 s
 """
 
@@ -37,17 +38,21 @@ from bench.live_step_time_sim import INTERVAL_S, PROFILE, SERVING, daemon_at, qu
 
 LOADS = (64, 128, 192, 256)
 QUICK_LOADS = (128, 192)
-SEEDS = 4
+SEEDS = 12
 HORIZON_S = 600.0
 QUICK_HORIZON_S = 240.0
 EARLY_S = 120.0  # the first minutes: the table found, every k measured; the long run after
 STEP_NOISE = 0.6
 # The daemon's settings per arm: the plugin's burst spacing (PLUGIN__NEIGHBOUR_INTERVAL, steps
-# between bursts of PLUGIN__NEIGHBOUR_BURST=4) and acceptance steps at K
-# (PLUGIN__EXPLORATION_INTERVAL; sparser learns acceptance beyond the running k more slowly,
-# which this does not score).
+# between bursts of PLUGIN__NEIGHBOUR_BURST=4), its spacing when the bursts only re-check long
+# shots (PLUGIN__NEIGHBOUR_RECHECK_INTERVAL, 128; 0: the burst spacing, as before it existed)
+# once the table has stood PLUGIN__NEIGHBOUR_RECHECK_AFTER_S (120; 0: at once)
+# and acceptance steps at K (PLUGIN__EXPLORATION_INTERVAL; sparser learns acceptance beyond
+# the running k more slowly, which this does not score).
 ARMS: dict[str, dict[str, str]] = {
     "default": {},
+    "re-checks at the burst spacing": {"PLUGIN__NEIGHBOUR_RECHECK_INTERVAL": "0"},
+    "re-checks sparser at once": {"PLUGIN__NEIGHBOUR_RECHECK_AFTER_S": "0"},
     "bursts every 64": {"PLUGIN__NEIGHBOUR_INTERVAL": "64"},
     "bursts every 128": {"PLUGIN__NEIGHBOUR_INTERVAL": "128"},
     "acceptance every 100": {"PLUGIN__EXPLORATION_INTERVAL": "100"},

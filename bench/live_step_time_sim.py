@@ -144,7 +144,7 @@ def daemon_at(
     """The daemon (default settings but ``env``) for ``horizon_s`` at ``load`` from the
     profile's table; ``overrides``: scenario fields replaced (``seed``, ``step_noise``).
     ``record_cycles``: also each cycle's end, the table's k, the true loss of the steps run
-    in it (exploring included) and whether the plugin's neighbour bursts were on."""
+    in it (exploring included) and the plugin's burst spacing meanwhile (0: no bursts)."""
     rig = Rig(
         scenario, profile, workdir, overrides=overrides, LOOP__INTERVAL_S=str(interval_s), **env
     )
@@ -157,7 +157,7 @@ def daemon_at(
     start = rig.sim_s
     history: list[tuple[float, int]] = []
     cycles: list[dict[str, Any]] = []
-    bursts = record_cycles and admin.get_table().neighbour_interval > 0
+    spacing = admin.get_table().neighbour_interval if record_cycles else 0
     while rig.sim_s - start < horizon_s - 1e-9:
         began = replica.engine.now
         rig.controller.run_cycle()  # the steps since the last cycle ran its settings
@@ -170,9 +170,10 @@ def daemon_at(
                     "table_k": truth["current"].get("table_k"),
                     "best_k": truth["current"].get("best_fixed_k"),
                     "steps_loss": score.loss(began, replica.engine.now),
-                    "bursts": bursts,
+                    "bursts": spacing > 0,
+                    "burst_spacing": spacing,
                 })  # fmt: skip
-            bursts = admin.get_table().neighbour_interval > 0
+            spacing = admin.get_table().neighbour_interval
         rig.wall.t += interval_s
     truth = replica.truth(last=0)
     engine = replica.engine

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletune.daemon.explore import exploration_ks, loaded_batches
+from tabletune.daemon.explore import directed_exploration, exploration_ks, loaded_batches
 from tabletune.daemon.profiles import PoolProfile
 from tabletune.daemon.setting_groups import PluginSettings
 from tabletune.daemon.step_time import (
@@ -102,6 +102,46 @@ def test_a_k_measured_to_be_worse_stays_out_after_its_steps_fade() -> None:
 
 def test_a_measured_k_that_is_better_stays_until_the_table_moves() -> None:
     assert 2 in ks_for(estimate_with({3: 2.0, 2: 1.0}))
+
+
+def exploration_of(estimate: object) -> object:
+    return directed_exploration(
+        estimate,  # type: ignore[arg-type]
+        PROFILE, RATES, LOOKUP_K3, {128: 1.0}, KS, min_steps=30, z=1.0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("factor", "ks", "long_shots"),
+    [
+        (1.4, (2,), ()),  # its estimate (16.6 tokens per ms) beats k=3's 16.2: no long shot
+        (1.55, (2,), (2,)),  # 15.6: behind, but one band (6.1 %) faster it would win
+        (1.7, (), ()),  # 14.7: behind even a band faster: out
+    ],
+)
+def test_a_measured_k_kept_in_by_its_band_alone_is_a_long_shot(
+    factor: float, ks: tuple[int, ...], long_shots: tuple[int, ...]
+) -> None:
+    """k=3 runs at 2x its profile; k=2 has 30 noisy steps at ``factor`` x its profile (its
+    estimate pulled toward k=3's ratio); k=1 and k=0 measured far worse."""
+    counter = StepCellCounter()
+    for k, ratio, steps in ((3, 2.0, 400), (2, factor, 30), (1, 3.0, 400), (0, 3.0, 400)):
+        for i in range(steps):
+            spread = 1.0 + (0.5 if i % 2 else -0.5) * (k == 2)  # k=2's steps noisy
+            ms = PROFILE.at(128, k) * ratio * spread
+            counter.record(batch_size=128, k=k, duration_s=ms / 1e3, tokens=128 * (k + 1))
+    estimator = StepTimeEstimator(StepTimeLayout(PROFILE, 256))
+    estimator.add(counter.totals(), now=0.0, half_life_s=60.0)
+    chosen = exploration_of(estimator.estimate(PARAMS))
+    assert (chosen.ks, chosen.long_shots) == (ks, long_shots)  # type: ignore[attr-defined]
+    assert chosen.rechecks_only is (long_shots == ks != ())  # type: ignore[attr-defined]
+
+
+def test_an_unmeasured_k_or_one_whose_estimate_wins_is_no_long_shot() -> None:
+    first_look = exploration_of(estimate_with({3: 2.0}))  # k=1, k=2 on the profile's promise
+    assert first_look.ks == (1, 2) and first_look.long_shots == ()  # type: ignore[attr-defined]
+    better = exploration_of(estimate_with({3: 2.0, 2: 1.0, 1: 3.0, 0: 3.0}))
+    assert better.ks == (2,) and not better.rechecks_only  # type: ignore[attr-defined]
 
 
 def test_no_load_no_exploration() -> None:

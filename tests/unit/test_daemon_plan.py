@@ -125,6 +125,15 @@ def test_directed_bursts_run_only_at_the_chosen_k_and_stop_when_none_is_worth_it
     assert adjacent.effects == ()  # the running settings are already the adjacent ones
 
 
+def test_bursts_that_only_recheck_long_shots_run_at_the_recheck_interval() -> None:
+    rechecks = _inputs(explore_ks=(1, 2), explore_rechecks_only=True)
+    plan = plan_replica(_runtime(), rechecks, settings=SETTINGS, dry_run=False)
+    assert plan.effects == (SetPluginSettings(50, 2, 128, 4, (1, 2)),)
+    same_rate = load_settings({"TABLETUNE_PLUGIN__NEIGHBOUR_RECHECK_INTERVAL": "0"})
+    plan = plan_replica(_runtime(), rechecks, settings=same_rate, dry_run=False)
+    assert plan.effects == (SetPluginSettings(50, 2, 32, 4, (1, 2)),)
+
+
 def _held_back_inputs() -> PlanInputs:
     # k=3 is far better than the running k at B=40 by the means, but the step times are so
     # uncertain that the noise bar keeps the running table: a gain held back by noise.

@@ -78,6 +78,8 @@ DEFAULTS = {
         "hysteresis": 2,
         "neighbour_interval": 32,
         "neighbour_burst": 4,
+        "neighbour_recheck_interval": 128,
+        "neighbour_recheck_after_s": 120.0,
         "neighbour_directed": True,
         "neighbour_drop_z": 1.0,
     },

@@ -195,6 +195,7 @@ class Controller:
             loads=LoadTracker(memory=self.settings.decision.load_memory),
             history=GoodputHistory(keep_s=2 * self.settings.guard.window_s),
             step_time=StepTimeEstimator(self._layouts[pool.name]),
+            watched_since=self.clock(),
         )
         self.replicas[obs.replica] = rt
         return rt

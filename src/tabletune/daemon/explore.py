@@ -9,12 +9,15 @@ measured there, what the profile promises. A k that live steps have shown to be 
 out, and stays out
 while the traffic there stays as it was, so the bursts stop paying for it; a k the table
 cannot reach by small steps (k=3 running where k=1 is best) is still tried. With nothing
-worth trying the daemon turns the bursts off.
+worth trying the daemon turns the bursts off. A measured k kept in only by its band (its
+estimate loses, its optimistic bound does not: a faded estimate's re-check) is a long shot;
+when every k worth bursts is one, they run sparser (``PLUGIN__NEIGHBOUR_RECHECK_INTERVAL``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import NamedTuple
 
 from tabletune.admin.protocol import TableView
 from tabletune.daemon.guard import view_ranges
@@ -34,6 +37,18 @@ def loaded_batches(load_weights: Mapping[int, float], *, min_share: float) -> li
     return sorted({heaviest} | {b for b, w in load_weights.items() if w / total >= min_share})
 
 
+class Exploration(NamedTuple):
+    """The k worth bursts (sorted; empty: none), and those of them that are long shots: at
+    every loaded batch size where chosen, measured and kept in by their band alone."""
+
+    ks: tuple[int, ...]
+    long_shots: tuple[int, ...] = ()
+
+    @property
+    def rechecks_only(self) -> bool:
+        return bool(self.ks) and self.long_shots == self.ks
+
+
 def exploration_ks(
     estimate: StepTimeEstimate,
     profile: StepTimes,
@@ -48,10 +63,30 @@ def exploration_ks(
 ) -> tuple[int, ...]:
     """The k bursts should run (sorted; empty: none is worth it). ``table_lookup[B]`` is the
     table's k at batch size B (vLLM's dense form, index 0 unused)."""
+    return directed_exploration(
+        estimate, profile, rates, table_lookup, load_weights, allowed_k,
+        min_steps=min_steps, z=z, min_share=min_share,
+    ).ks  # fmt: skip
+
+
+def directed_exploration(
+    estimate: StepTimeEstimate,
+    profile: StepTimes,
+    rates: Sequence[float],
+    table_lookup: Sequence[int],
+    load_weights: Mapping[int, float],
+    allowed_k: Collection[int],
+    *,
+    min_steps: float,
+    z: float,
+    min_share: float = 0.05,
+) -> Exploration:
+    """``exploration_ks`` with the long shots among them named."""
     top = min(estimate.step_times.max_batch, len(table_lookup) - 1)
     column = {cell: j for j, cell in enumerate(estimate.cells)}
     rows = {k: i for i, k in enumerate(estimate.ks)}
     chosen: set[int] = set()
+    more_than_long_shot: set[int] = set()  # somewhere unmeasured, or its estimate wins
     for batch in loaded_batches(load_weights, min_share=min_share):
         b = min(max(1, batch), top)
         current = table_lookup[b]
@@ -64,15 +99,18 @@ def exploration_ks(
             if k == current or k not in rows:
                 continue
             i = rows[k]
-            if estimate.measured[i, j] >= min_steps:
-                hopeful = estimate.step_times.at(b, k) * (
-                    1.0 - z * float(estimate.relative_sigma[i, b - 1])
-                )
+            measured = estimate.measured[i, j] >= min_steps
+            if measured:
+                point = estimate.step_times.at(b, k)
+                hopeful = point * (1.0 - z * float(estimate.relative_sigma[i, b - 1]))
             else:
-                hopeful = profile.at(b, k)
+                point = hopeful = profile.at(b, k)
             if hopeful > 0 and b * tau(rates, k) / hopeful > best:
                 chosen.add(k)
-    return tuple(sorted(chosen))
+                if not measured or b * tau(rates, k) / point > best:
+                    more_than_long_shot.add(k)
+    ks = tuple(sorted(chosen))
+    return Exploration(ks, tuple(k for k in ks if k not in more_than_long_shot))
 
 
 def replica_exploration(
@@ -81,13 +119,13 @@ def replica_exploration(
     estimate: StepTimeEstimate,
     rates: Sequence[float],
     settings: DaemonSettings,
-) -> tuple[int, ...] | None:
+) -> Exploration | None:
     """The k worth neighbour bursts on this replica (None: the plugin's adjacent k)."""
     ranges = view_ranges(view)
     if not settings.plugin.neighbour_directed or ranges is None:
         return None
     top = min(view.max_num_seqs, rt.pool.step_times.max_batch)
-    return exploration_ks(
+    return directed_exploration(
         estimate,
         rt.pool.step_times,
         rates,

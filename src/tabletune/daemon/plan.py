@@ -57,6 +57,7 @@ class PlanInputs:
     step_time_moved: bool  # T_hat where the load runs moved since the last decision
     load_moved: bool = False  # the load is elsewhere than where the last decision weighed it
     explore_ks: tuple[int, ...] | None = None  # directed bursts (empty: none); None: adjacent
+    explore_rechecks_only: bool = False  # every k in explore_ks a long shot: sparser bursts
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,18 @@ class ReplicaPlan:
 
 
 def wanted_settings(
-    view: TableView, settings: DaemonSettings, explore_ks: tuple[int, ...] | None = None
+    view: TableView,
+    settings: DaemonSettings,
+    explore_ks: tuple[int, ...] | None = None,
+    rechecks_only: bool = False,
 ) -> SetPluginSettings | None:
     """The plugin settings to set, when the replica's differ from the wanted ones. Directed
-    bursts (``explore_ks``) run only at those k, and not at all when there are none."""
+    bursts (``explore_ks``) run only at those k, and not at all when there are none; sparser
+    when they only re-check long shots (``rechecks_only``)."""
     w = settings.plugin
     interval = w.neighbour_interval if explore_ks is None or explore_ks else 0
+    if explore_ks and rechecks_only and w.neighbour_recheck_interval:
+        interval = w.neighbour_recheck_interval
     wanted = SetPluginSettings(
         w.exploration_interval, w.hysteresis, interval, w.neighbour_burst, explore_ks or ()
     )
@@ -137,7 +144,7 @@ def plan_replica(
     rt: ReplicaRuntime, inputs: PlanInputs, *, settings: DaemonSettings, dry_run: bool
 ) -> ReplicaPlan:
     effects: list[Effect] = []
-    change = wanted_settings(inputs.view, settings, inputs.explore_ks)
+    change = wanted_settings(inputs.view, settings, inputs.explore_ks, inputs.explore_rechecks_only)
     if not dry_run and change is not None:
         effects.append(change)
     verdict: Verdict | None = None

@@ -162,6 +162,9 @@ class ReplicaTurn:
         step_time_moved, rates_moved = estimates_moved(
             rt, ratio, unit.rates, replan_change=self.settings.decision.replan_change
         )
+        exploration = (
+            replica_exploration(rt, view, estimate, unit.rates, self.settings) if use_live else None
+        )
         inputs = PlanInputs(
             view=view,
             now=turn.now,
@@ -182,13 +185,18 @@ class ReplicaTurn:
             estimate_ready=unit.rebuilds > 0 or self.settings.decision.first_sight_from_prior,
             step_time_moved=step_time_moved,
             load_moved=load_moved(rt.decided_load, rt.loads.weights),
-            explore_ks=(
-                replica_exploration(rt, view, estimate, unit.rates, self.settings)
-                if use_live
-                else None
-            ),
+            explore_ks=None if exploration is None else exploration.ks,
+            explore_rechecks_only=exploration is not None
+            and exploration.rechecks_only
+            and self._table_stood(rt, turn.now),
         )
         return inputs, ratio
+
+    def _table_stood(self, rt: ReplicaRuntime, now: float) -> bool:
+        """The replica's table has stood long enough, since its last push and since this
+        daemon first saw it, for re-checks to run sparser."""
+        since = max(rt.watched_since, rt.record.pushed_at or rt.watched_since)
+        return now - since >= self.settings.plugin.neighbour_recheck_after_s
 
     @staticmethod
     def _log_plan(rt: ReplicaRuntime, plan: ReplicaPlan, now: float) -> None:

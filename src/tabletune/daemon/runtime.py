@@ -29,6 +29,7 @@ class ReplicaRuntime:
     step_time: StepTimeEstimator
     pending: PendingCheck | None = None
     hold_until: float = 0.0
+    watched_since: float = 0.0  # when this daemon first saw the replica
     needs_decision: bool = True  # first sight, a failed push, a version race, a restart
     view: TableView | None = None
     view_read_at: float = 0.0

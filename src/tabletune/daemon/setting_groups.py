@@ -320,6 +320,24 @@ class PluginSettings(_Group):
     neighbour_burst: int = Field(
         default=4, ge=1, description="plugin: steps per neighbour burst (the first is not timed)"
     )
+    neighbour_recheck_interval: int = Field(
+        default=128,
+        ge=0,
+        description=(
+            "plugin: a burst every N steps instead when every k worth bursts is a long shot "
+            "(measured worse where the load runs, kept in by its band as its estimate fades: "
+            "a re-check); 0: at the neighbour interval"
+        ),
+    )
+    neighbour_recheck_after_s: float = Field(
+        default=120.0,
+        ge=0,
+        description=(
+            "plugin: re-checks run at the re-check interval only once the replica's table has "
+            "stood this long (a table just pushed may yet be wrong: its long shots are tried "
+            "at the neighbour interval)"
+        ),
+    )
     neighbour_directed: bool = Field(
         default=True,
         description=(
