@@ -31,7 +31,7 @@ from tabletune import __version__  # noqa: E402
 from tabletune.admin.protocol import EngineIdentity  # noqa: E402
 from tabletune.admin.state import TableState  # noqa: E402
 from tabletune.daemon.decide import Estimates, decide  # noqa: E402
-from tabletune.daemon.explore import exploration_ks  # noqa: E402
+from tabletune.daemon.explore import directed_exploration  # noqa: E402
 from tabletune.daemon.profiles import load_pools  # noqa: E402
 from tabletune.daemon.settings import (  # noqa: E402
     ENV_PREFIX,
@@ -98,8 +98,10 @@ def replay(
         # The k the plugin's bursts would be sent to (the daemon's directed exploration).
         ks = pool.step_times.ks
         lookup = dense_lookup([(int(a), int(b), int(k)) for a, b, k in ran], MAX_NUM_SEQS, max(ks))
-        bursts = exploration_ks(estimate, pool.step_times, rates, lookup, weights, ks,
-                                min_steps=MEASURED_STEPS, z=plugin.neighbour_drop_z)  # fmt: skip
+        bursts = directed_exploration(
+            estimate, pool.step_times, rates, lookup, weights, ks,
+            min_steps=MEASURED_STEPS, z=plugin.neighbour_drop_z,
+        ).ks  # fmt: skip
         estimates = Estimates(
             estimate.step_times, rates, estimate.relative_sigma, unproven=estimate.unproven
         )

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletune.daemon.explore import directed_exploration, exploration_ks, loaded_batches
+from tabletune.daemon.explore import directed_exploration, loaded_batches
 from tabletune.daemon.profiles import PoolProfile
 from tabletune.daemon.setting_groups import PluginSettings
 from tabletune.daemon.step_time import (
@@ -47,7 +47,7 @@ def estimate_with(runs: dict[int, float], batch: int = 128, steps: int = 400) ->
 
 
 def ks_for(estimate: object, *, load: int = 128) -> tuple[int, ...]:
-    return exploration_ks(
+    return directed_exploration(
         estimate,  # type: ignore[arg-type]
         PROFILE,
         RATES,
@@ -56,7 +56,7 @@ def ks_for(estimate: object, *, load: int = 128) -> tuple[int, ...]:
         KS,
         min_steps=30,
         z=1.0,
-    )
+    ).ks
 
 
 def test_before_any_live_data_every_k_the_profile_says_could_win_is_tried() -> None:
@@ -146,7 +146,7 @@ def test_an_unmeasured_k_or_one_whose_estimate_wins_is_no_long_shot() -> None:
 
 def test_no_load_no_exploration() -> None:
     assert (
-        exploration_ks(
+        directed_exploration(
             estimate_with({3: 2.0}),  # type: ignore[arg-type]
             PROFILE,
             RATES,
@@ -155,7 +155,7 @@ def test_no_load_no_exploration() -> None:
             KS,
             min_steps=30,
             z=1.0,
-        )
+        ).ks
         == ()
     )
 
@@ -213,7 +213,7 @@ def h200_daemon_exploration(z: float) -> tuple[int, ...]:
     estimate, pool, rates, table = h200_daemon_state()
     lookup = dense_lookup(table, 256, 3)
     assert lookup[127] == 1  # where the daemon settled
-    return exploration_ks(
+    return directed_exploration(
         estimate,
         pool.step_times,
         rates,
@@ -222,7 +222,7 @@ def h200_daemon_exploration(z: float) -> tuple[int, ...]:
         (0, 1, 2, 3),
         min_steps=30,
         z=z,
-    )
+    ).ks
 
 
 def test_h200_bursts_drop_the_k_one_slow_draw_put_behind_unless_z_is_raised() -> None:

@@ -49,26 +49,6 @@ class Exploration(NamedTuple):
         return bool(self.ks) and self.long_shots == self.ks
 
 
-def exploration_ks(
-    estimate: StepTimeEstimate,
-    profile: StepTimes,
-    rates: Sequence[float],
-    table_lookup: Sequence[int],
-    load_weights: Mapping[int, float],
-    allowed_k: Collection[int],
-    *,
-    min_steps: float,
-    z: float,
-    min_share: float = 0.05,
-) -> tuple[int, ...]:
-    """The k bursts should run (sorted; empty: none is worth it). ``table_lookup[B]`` is the
-    table's k at batch size B (vLLM's dense form, index 0 unused)."""
-    return directed_exploration(
-        estimate, profile, rates, table_lookup, load_weights, allowed_k,
-        min_steps=min_steps, z=z, min_share=min_share,
-    ).ks  # fmt: skip
-
-
 def directed_exploration(
     estimate: StepTimeEstimate,
     profile: StepTimes,
@@ -81,7 +61,8 @@ def directed_exploration(
     z: float,
     min_share: float = 0.05,
 ) -> Exploration:
-    """``exploration_ks`` with the long shots among them named."""
+    """The k bursts should run, and the long shots among them. ``table_lookup[B]`` is the
+    table's k at batch size B (vLLM's dense form, index 0 unused)."""
     top = min(estimate.step_times.max_batch, len(table_lookup) - 1)
     column = {cell: j for j, cell in enumerate(estimate.cells)}
     rows = {k: i for i, k in enumerate(estimate.ks)}
