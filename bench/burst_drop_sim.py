@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from bench.live_step_time_sim import (  # noqa: E402
     INTERVAL_S,
     PROFILE,
     SERVING,
+    arm_sweep,
     daemon_at,
     quiet,
 )
@@ -124,26 +124,15 @@ def main() -> None:
     quiet()
     loads = QUICK_LOADS if args.quick else LOADS
     seeds = args.seeds or (3 if args.quick else SEEDS)
-    per_load: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for load in loads:
-            per_arm = {}
-            for name, arm in ARMS.items():
-                runs = [
-                    run_once(
-                        load,
-                        100 + s,
-                        arm,
-                        args.step_noise,
-                        args.horizon_s,
-                        args.interval_s,
-                        Path(tmp) / f"{load}-{name}-{s}",
-                    )
-                    for s in range(seeds)
-                ]
-                per_arm[name] = {"summary": summary(runs), "runs": runs}
-                print(f"B={load} {name}: {per_arm[name]['summary']}", flush=True)
-            per_load[str(load)] = per_arm
+    per_load = arm_sweep(
+        loads,
+        ARMS,
+        seeds,
+        lambda load, seed, arm, workdir: run_once(
+            load, seed, arm, args.step_noise, args.horizon_s, args.interval_s, workdir
+        ),
+        summary,
+    )
     everything = {
         name: summary([r for v in per_load.values() for r in v[name]["runs"]]) for name in ARMS
     }

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,14 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from bench.common import environment, write_result  # noqa: E402
-from bench.live_step_time_sim import INTERVAL_S, PROFILE, SERVING, daemon_at, quiet  # noqa: E402
+from bench.live_step_time_sim import (  # noqa: E402
+    INTERVAL_S,
+    PROFILE,
+    SERVING,
+    arm_sweep,
+    daemon_at,
+    quiet,
+)
 
 LOADS = (64, 128, 192, 256)
 QUICK_LOADS = (128, 192)
@@ -59,6 +66,15 @@ ARMS: dict[str, dict[str, str]] = {
 }
 
 
+def run_once(
+    load: int, seed: int, arm: dict[str, str], workdir: Path, *, horizon_s: float
+) -> dict[str, Any]:
+    """One run of the daemon with ``arm``'s settings, read by ``run_summary``."""
+    run = daemon_at(load, workdir, overrides={"seed": seed, "step_noise": STEP_NOISE},
+                    horizon_s=horizon_s, record_cycles=True, **arm)  # fmt: skip
+    return {"seed": seed, **run_summary(run["cycles"], run["table_loss"])}
+
+
 def run_summary(cycles: list[dict[str, Any]], table_loss: float) -> dict[str, Any]:
     """One run's cycles (``daemon_at(record_cycles=True)``) read as the module says."""
     right_from = None
@@ -70,7 +86,7 @@ def run_summary(cycles: list[dict[str, Any]], table_loss: float) -> dict[str, An
     right = [c["steps_loss"] for c in cycles if right_from is not None and c["at_s"] > right_from]
     early = [c["steps_loss"] for c in cycles if c["at_s"] <= EARLY_S]
     late = [c for c in cycles if c["at_s"] > EARLY_S]
-    quiet_cycles = [c["steps_loss"] for c in late if not c["bursts"]]
+    quiet_cycles = [c["steps_loss"] for c in late if not c["burst_spacing"]]
     return {
         "right_table_from_s": right_from,
         "table_loss_at_end": round(table_loss, 4),
@@ -82,7 +98,7 @@ def run_summary(cycles: list[dict[str, Any]], table_loss: float) -> dict[str, An
         "steps_loss_late_without_bursts": round(statistics.fmean(quiet_cycles), 4)
         if quiet_cycles
         else None,
-        "late_cycles_with_bursts": round(sum(c["bursts"] for c in late) / len(late), 3)
+        "late_cycles_with_bursts": round(sum(c["burst_spacing"] > 0 for c in late) / len(late), 3)
         if late
         else None,
     }
@@ -124,20 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet()
     loads = QUICK_LOADS if args.quick else LOADS
     seeds = args.seeds or (2 if args.quick else SEEDS)
-    per_load: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for load in loads:
-            per_arm = {}
-            for name, arm in ARMS.items():
-                runs = []
-                for seed in range(100, 100 + seeds):
-                    run = daemon_at(load, Path(tmp) / f"{load}-{name}-{seed}",
-                                    overrides={"seed": seed, "step_noise": STEP_NOISE},
-                                    horizon_s=horizon, record_cycles=True, **arm)  # fmt: skip
-                    runs.append({"seed": seed, **run_summary(run["cycles"], run["table_loss"])})
-                per_arm[name] = {"summary": arm_summary(runs), "runs": runs}
-                print(f"B={load} {name}: {per_arm[name]['summary']}", flush=True)
-            per_load[str(load)] = per_arm
+    per_load = arm_sweep(loads, ARMS, seeds, partial(run_once, horizon_s=horizon), arm_summary)
     worst = {
         name: max(
             (v[name]["summary"]["steps_loss_once_right"] or 0.0 for v in per_load.values()),

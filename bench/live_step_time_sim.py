@@ -35,7 +35,7 @@ import logging
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +170,6 @@ def daemon_at(
                     "table_k": truth["current"].get("table_k"),
                     "best_k": truth["current"].get("best_fixed_k"),
                     "steps_loss": score.loss(began, replica.engine.now),
-                    "bursts": spacing > 0,
                     "burst_spacing": spacing,
                 })  # fmt: skip
             spacing = admin.get_table().neighbour_interval
@@ -190,6 +189,29 @@ def daemon_at(
         "profile_step_ms": truth["current"]["profile_step_ms"],
         **({"cycles": cycles} if record_cycles else {}),
     }
+
+
+def arm_sweep(
+    loads: Sequence[int],
+    arms: dict[str, dict[str, str]],
+    seeds: int,
+    run: Callable[[int, int, dict[str, str], Path], dict[str, Any]],
+    summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Per load and arm (name -> the daemon's settings), ``run(load, seed, arm, workdir)`` for
+    seeds 100, 101, ... and ``summarize`` of those runs, each printed as it comes:
+    {load: {arm: {"summary", "runs"}}}."""
+    per_load: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for load in loads:
+            per_arm = {}
+            for name, arm in arms.items():
+                runs = [run(load, 100 + s, arm, Path(tmp) / f"{load}-{name}-{s}")
+                        for s in range(seeds)]  # fmt: skip
+                per_arm[name] = {"summary": summarize(runs), "runs": runs}
+                print(f"B={load} {name}: {per_arm[name]['summary']}", flush=True)
+            per_load[str(load)] = per_arm
+    return per_load
 
 
 def nightjar_at(

@@ -204,6 +204,11 @@ def k_mix_cost(mix: dict[int, float], best: str, arms: dict[str, Row], key: str)
             "share_at_k_not_run": round(not_run, 4)}  # fmt: skip
 
 
+def k_at(table: list[list[int]], batch: int) -> int:
+    """The k a table runs at one batch size (0 where no range holds it)."""
+    return next((k for start, end, k in table if start <= batch <= end), 0)
+
+
 def table_time_mix(table: list[list[int]], windows: list[Row]) -> dict[int, float]:
     """The k a table would run on the batch sizes this load's steps had, as shares of decoding
     time: each batch cell's steps (every arm's, pooled) at the table's k for the cell's mean
@@ -216,8 +221,7 @@ def table_time_mix(table: list[list[int]], windows: list[Row]) -> dict[int, floa
     for (low, high), totals in by_batch.items():
         if totals.steps <= 0:
             continue
-        batch = round(totals.requests / totals.steps)
-        k = next((k for start, end, k in table if start <= batch <= end), 0)
+        k = k_at(table, round(totals.requests / totals.steps))
         own = cells.get((k, low, high))
         step_s = own.seconds / own.steps if own and own.steps > 0 else totals.seconds / totals.steps
         spent[k] = spent.get(k, 0.0) + totals.steps * step_s
@@ -297,11 +301,11 @@ def daemon_exploring_by_k_mix(daemon_windows: list[Row], batch: int, best: str,
     is (``k_mix_cost``; a k not run lost whole in the upper bound). Its arm in the rotation
     runs its table with exploring off; here its bursts count (but for each switch's first
     step, which no cell holds, so this reads low). The window that saw the last push may hold
-    the old k's steps, so it is left out. The part is
-    short (30 s in every launch): this prices the bursts that measure each k after a start,
-    which stop once every k is measured."""
+    the old k's steps, so it is left out. The part is short (30 s in every launch): this
+    prices the bursts that measure each k after a start, which stop once every k is
+    measured."""
     viewed = [w for w in daemon_windows if w.get("view")]
-    ks = [next((k for s, e, k in w["view"]["table"] if s <= batch <= e), 0) for w in viewed]
+    ks = [k_at(w["view"]["table"], batch) for w in viewed]
     first = len(viewed)
     while first > 0 and ks[first - 1] == ks[-1]:
         first -= 1

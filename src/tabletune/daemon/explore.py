@@ -86,9 +86,10 @@ def directed_exploration(
                 hopeful = point * (1.0 - z * float(estimate.relative_sigma[i, b - 1]))
             else:
                 point = hopeful = profile.at(b, k)
-            if hopeful > 0 and b * tau(rates, k) / hopeful > best:
+            tokens = b * tau(rates, k)
+            if hopeful > 0 and tokens / hopeful > best:
                 chosen.add(k)
-                if not measured or b * tau(rates, k) / point > best:
+                if not measured or tokens / point > best:
                     more_than_long_shot.add(k)
     ks = tuple(sorted(chosen))
     return Exploration(ks, tuple(k for k in ks if k not in more_than_long_shot))
