@@ -242,6 +242,7 @@ def summarize(reports: dict[str, Row]) -> Row:
     by_shape: dict[str, list[Row]] = defaultdict(list)
     for row in sorted(rows, key=lambda r: (r["shape"], r["effective_batch"], r["date"])):
         by_shape[row["shape"]].append(row)
+    changes = shape_changes(chosen)
     return {
         "target": TARGET,
         "reports": sorted({r["report"] for r in rows}),
@@ -259,8 +260,8 @@ def summarize(reports: dict[str, Row]) -> Row:
             }
             for shape, group in by_shape.items()
         }
-        | {"shape_change": shape_changes(chosen)},
-        "daemon_at_newest_commit": newest_commit_goals(rows, shape_changes(chosen)),
+        | {"shape_change": changes},
+        "daemon_at_newest_commit": newest_commit_goals(rows, changes),
         "newest_launch_per_load": newest_launch_per_load(rows),
         "model_check": model_check(chosen),
         "loads": dict(by_shape),
@@ -332,9 +333,9 @@ def plot(summary: Row, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     shapes = list(summary["loads"])
-    newest = [
+    newest = {
         id(r) for r in newest_rows([r for rows in summary["loads"].values() for r in rows]).values()
-    ]
+    }
     fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
     for ax, shape in zip(axes[0], shapes, strict=True):
         for who, colour in (("daemon", "C0"), ("nightjar", "C3")):
