@@ -106,6 +106,13 @@ report decode_heavy_b256_nightjar_spreads_blocks \
   eval_traffic_decode_heavy_b256_nightjar_spreads_blocks_h200_20261201T2339Z.json $(logs 20261201T2339Z)
 report long_context_b192_spreads_blocks \
   eval_traffic_long_context_b192_spreads_blocks_h200_20261201T2348Z.json $(logs 20261201T2348Z)
+# One H200, 2026-12-02 01:31, 01:39, 01:47 UTC (93a42cef; re-checks sparser; the daemon 200 s).
+report decode_heavy_b256_explore_200s_blocks \
+  eval_traffic_decode_heavy_b256_explore_200s_blocks_h200_20261202T0131Z.json $(logs 20261202T0131Z)
+report decode_heavy_b128_explore_200s_blocks \
+  eval_traffic_decode_heavy_b128_explore_200s_blocks_h200_20261202T0139Z.json $(logs 20261202T0139Z)
+report decode_heavy_b16_explore_200s_blocks \
+  eval_traffic_decode_heavy_b16_explore_200s_blocks_h200_20261202T0147Z.json $(logs 20261202T0147Z)
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json

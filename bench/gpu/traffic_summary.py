@@ -114,12 +114,15 @@ def read_rows(report: Row, name: str) -> list[Row]:
 
 def daemon_goal(rows: list[Row], limit: float, reading: str = "daemon") -> Row:
     """``reading``: ``daemon`` (its table, run as an arm with exploring off) or ``exploring``
-    (its own windows once settled, bursts included)."""
+    (its own windows once settled, bursts included). Missed when a load's point is past the
+    goal; sure only where that load's bound is past it too (else "missed by point, not
+    judgeable", as the bandit's verdict)."""
     loss, bound = f"{reading}_loss", f"{reading}_bound"
     worst = max(rows, key=lambda r: r[loss])
     bounded = [r for r in rows if r[bound] is not None]
     if worst[loss] > limit:
-        verdict = "missed"
+        sure = any(r[bound] is not None and r[bound][0] > limit for r in rows)
+        verdict = "missed" if sure else "missed by point, not judgeable"
     elif len(bounded) == len(rows) and all(r[bound][1] <= limit for r in rows):
         verdict = "met"
     else:
