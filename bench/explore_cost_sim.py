@@ -16,7 +16,7 @@ steps' loss from then on (what exploring costs once the table is right), over th
 ``EARLY_S`` and after it, that loss over the cycles after it without bursts (what the
 acceptance steps at K cost alone), and the share of those cycles with bursts.
 
-    .venv/bin/python bench/explore_cost_sim.py            # 4 loads x 12 seeds x 6 arms (~2 min)
+    .venv/bin/python bench/explore_cost_sim.py            # 4 loads x 12 seeds x 9 arms (~2.5 min)
     .venv/bin/python bench/explore_cost_sim.py --quick    # 2 loads x 2 seeds, 240 s
 """
 
@@ -55,10 +55,14 @@ STEP_NOISE = 0.6
 # shots (PLUGIN__NEIGHBOUR_RECHECK_INTERVAL, 128; 0: the burst spacing, as before it existed)
 # once the table has stood PLUGIN__NEIGHBOUR_RECHECK_AFTER_S (120; 0: at once)
 # and acceptance steps at K (PLUGIN__EXPLORATION_INTERVAL; sparser learns acceptance beyond
-# the running k more slowly, which this does not score).
+# the running k more slowly, which this does not score); bursts at a measured k spaced by what
+# they lose (PLUGIN__NEIGHBOUR_COST_BUDGET, 0.005 of the time; 0: not priced, as before it).
 ARMS: dict[str, dict[str, str]] = {
     "default": {},
+    "bursts not priced": {"PLUGIN__NEIGHBOUR_COST_BUDGET": "0"},
+    "bursts priced at 1 %": {"PLUGIN__NEIGHBOUR_COST_BUDGET": "0.01"},
     "re-checks at the burst spacing": {"PLUGIN__NEIGHBOUR_RECHECK_INTERVAL": "0"},
+    "neither": {"PLUGIN__NEIGHBOUR_COST_BUDGET": "0", "PLUGIN__NEIGHBOUR_RECHECK_INTERVAL": "0"},
     "re-checks sparser at once": {"PLUGIN__NEIGHBOUR_RECHECK_AFTER_S": "0"},
     "bursts every 64": {"PLUGIN__NEIGHBOUR_INTERVAL": "64"},
     "bursts every 128": {"PLUGIN__NEIGHBOUR_INTERVAL": "128"},

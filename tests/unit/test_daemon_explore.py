@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tabletune.daemon.explore import directed_exploration, loaded_batches
+from tabletune.daemon.explore import (
+    Exploration,
+    directed_exploration,
+    loaded_batches,
+    priced_spacing,
+)
+from tabletune.daemon.plan import doubled_to
 from tabletune.daemon.profiles import PoolProfile
 from tabletune.daemon.setting_groups import PluginSettings
 from tabletune.daemon.step_time import (
@@ -276,6 +282,9 @@ def test_h200_b254_k0_stays_and_comes_back_once_k3_ran() -> None:
     assert [new for _, new in k_at_254[4:6]] == [0, 0]
 
 
+H200_B254_SPREADS = RAW / (
+    "eval_traffic_decode_heavy_b256_nightjar_spreads_blocks_h200_20261201T2339Z.json"
+)
 H200_B254_AGAIN = RAW / "eval_traffic_decode_heavy_b256_b128_blocks_h200_20261201T1211Z.json"
 
 
@@ -307,3 +316,79 @@ def test_h200_b254_k1_from_bursts_is_as_uncertain_as_its_bursts() -> None:
         assert estimate.sigma[row, col] / estimate.ratio[row, col] >= 0.95 * own_error
         checked += 1
     assert checked >= 1
+
+
+def test_a_long_shot_is_priced_by_what_its_steps_give_up() -> None:
+    # k=3 runs at 2x its profile (16.2 tokens per ms at B=128); k=2 measured at 1.55x (15.6,
+    # as above, its estimate pulled toward k=3's ratio): a long shot whose burst steps take
+    # about as long as k=3's and give up a few % of their goodput; k=1, k=0 far worse, out.
+    counter = StepCellCounter()
+    for k, ratio, steps in ((3, 2.0, 400), (2, 1.55, 30), (1, 3.0, 400), (0, 3.0, 400)):
+        for i in range(steps):
+            spread = 1.0 + (0.5 if i % 2 else -0.5) * (k == 2)
+            ms = PROFILE.at(128, k) * ratio * spread
+            counter.record(batch_size=128, k=k, duration_s=ms / 1e3, tokens=128 * (k + 1))
+    estimator = StepTimeEstimator(StepTimeLayout(PROFILE, 256))
+    estimator.add(counter.totals(), now=0.0, half_life_s=60.0)
+    chosen = exploration_of(estimator.estimate(PARAMS))
+    assert chosen.long_shots == (2,)  # type: ignore[attr-defined]
+    assert 0.8 < chosen.step_time < 1.0  # type: ignore[attr-defined]
+    assert 0.005 < chosen.step_loss < 0.1  # type: ignore[attr-defined]
+
+
+def test_first_looks_and_winning_estimates_are_not_priced() -> None:
+    first_look = exploration_of(estimate_with({3: 2.0}))
+    better = exploration_of(estimate_with({3: 2.0, 2: 1.0, 1: 3.0, 0: 3.0}))
+    for exploration in (first_look, better):
+        assert exploration.step_loss == 0.0  # type: ignore[attr-defined]
+        assert priced_spacing(exploration, burst=4, budget=0.005) == 0  # type: ignore[arg-type]
+
+
+@given(
+    st.floats(0.1, 5.0),
+    st.floats(0.0, 1.0),
+    st.integers(1, 16),
+    st.floats(1e-4, 0.5),
+)
+def test_priced_spacing_is_the_fewest_steps_that_keep_the_loss_within_budget(
+    step_time: float, loss_share: float, burst: int, budget: float
+) -> None:
+    # A burst step gives up at most all of its time: step_loss <= step_time.
+    exploration = Exploration((1,), (1,), step_time=step_time, step_loss=loss_share * step_time)
+    spacing = priced_spacing(exploration, burst=burst, budget=budget)
+
+    def share(n: int) -> float:  # a burst's loss over its cycle of n steps
+        return burst * exploration.step_loss / (n - burst + burst * step_time)
+
+    if exploration.step_loss == 0:
+        assert spacing == 0
+    elif spacing > burst:
+        assert share(spacing) <= budget * (1 + 1e-9)
+        assert share(spacing - 1) > budget * (1 - 1e-9)
+    else:  # all bursts and still within budget
+        assert share(burst) <= budget * (1 + 1e-9)
+    assert priced_spacing(exploration, burst=burst, budget=0.0) == 0
+
+
+def test_h200_b254_bursts_priced_once_their_k_were_measured() -> None:
+    # Issue 16's decode-heavy B≈254 launch at 32f7a1b (23:39 UTC): k=0 ran and bursts took
+    # k=1..3 in turn every 32 steps, 21 % of the time after the table settled (its k mix: 3.6 %
+    # lost). Replayed: unmeasured k are first looks, not priced; once k=1 was measured (from
+    # 22.7 s) the bursts are priced (26-104 steps at the 0.5 % default), and run every 64 or
+    # 128 steps but once (every 32: k=3 alone, its steps costlier but its loss smaller).
+    raw = json.loads(H200_B254_SPREADS.read_text())
+    rates = tuple(raw["meta"]["synthetic_rates"])
+    budget = PluginSettings().neighbour_cost_budget
+    spacings = []
+    for window, _, estimate, pool in load_gpu_module("burst_vs_run").replayed(
+        raw, "decode-heavy-B256-daemon"
+    ):
+        lookup = dense_lookup([tuple(r) for r in window["view"]["table"]], 256, 3)
+        exploration = directed_exploration(
+            estimate, pool.step_times, rates, lookup, {254: 1.0}, KS, min_steps=30, z=1.0
+        )
+        spacings.append(priced_spacing(exploration, burst=4, budget=budget))
+    assert spacings[:19] == [0] * 19  # the first look at each k (to 21.6 s)
+    intervals = [doubled_to(32, s) for s in spacings[19:]]
+    assert all(26 <= s <= 104 for s in spacings[19:])
+    assert sorted(intervals) == [32, 64, 64, 64, 128, 128, 128, 128]

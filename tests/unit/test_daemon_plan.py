@@ -19,9 +19,11 @@ from tabletune.daemon.plan import (
     PushTable,
     RollBack,
     SetPluginSettings,
+    doubled_to,
     load_moved,
     min_range_width,
     plan_replica,
+    same_traffic,
 )
 from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.runtime import ReplicaRuntime
@@ -105,6 +107,38 @@ def test_a_push_that_lowered_goodput_is_rolled_back_instead_of_deciding() -> Non
     assert plan.decision is None
 
 
+def test_a_push_is_not_judged_against_samples_of_traffic_that_shifted_since() -> None:
+    # The emulator's shape change (decode-heavy -> chat-like): goodput against the profile's
+    # model fell with the new shape, every table alike; the right table, pushed after the
+    # change, was rolled back against samples taken before it and the wrong one stayed.
+    history = GoodputHistory(keep_s=600)
+    before = tuple(GoodputSample(NOW - 300 + i, 40.0, 100.0, 100.0) for i in range(3))
+    for i in range(3):
+        history.add(GoodputSample(NOW - 100 + i, 40.0, 50.0, 100.0))
+    pending = PendingCheck(
+        pushed_at=NOW - 150, pushed=((1, 128, 3),), previous=((1, 128, 1),), before=before
+    )
+    rt = _runtime(pending=pending, history=history)
+    rt.step_time.shifted_at = NOW - 200  # after the samples before the push, before it
+    plan = plan_replica(rt, _inputs(rates_moved=True), settings=SETTINGS, dry_run=False)
+    # No sample before the push is of this traffic: it waits, then passes as inconclusive.
+    assert plan.verdict is not None and plan.verdict.outcome == "wait"
+    assert not any(isinstance(e, RollBack) for e in plan.effects)
+
+
+@given(
+    st.lists(st.floats(0, 1000), max_size=8),
+    st.one_of(st.none(), st.floats(0, 1000)),
+)
+def test_samples_kept_are_exactly_those_since_the_shift(
+    times: list[float], shifted_at: float | None
+) -> None:
+    samples = tuple(GoodputSample(t, 40.0, 1.0, 1.0) for t in times)
+    kept = same_traffic(samples, shifted_at)
+    assert kept == tuple(s for s in samples if shifted_at is None or s.at > shifted_at)
+    assert same_traffic(samples, None) == samples
+
+
 def test_a_rollback_cooldown_holds_the_next_push() -> None:
     rt = _runtime(hold_until=NOW + 60)
     plan = plan_replica(rt, _inputs(rates_moved=True), settings=SETTINGS, dry_run=False)
@@ -132,6 +166,36 @@ def test_bursts_that_only_recheck_long_shots_run_at_the_recheck_interval() -> No
     same_rate = load_settings({"TABLETUNE_PLUGIN__NEIGHBOUR_RECHECK_INTERVAL": "0"})
     plan = plan_replica(_runtime(), rechecks, settings=same_rate, dry_run=False)
     assert plan.effects == (SetPluginSettings(50, 2, 32, 4, (1, 2)),)
+
+
+@pytest.mark.parametrize(
+    ("spacing", "rechecks_only", "interval"),
+    [(0, False, 32), (32, False, 32), (33, False, 64), (100, False, 128), (300, True, 512)],
+)
+def test_priced_bursts_run_at_their_interval_doubled_past_their_spacing(
+    spacing: int, rechecks_only: bool, interval: int
+) -> None:
+    inputs = _inputs(
+        explore_ks=(1, 2), explore_rechecks_only=rechecks_only, explore_spacing=spacing
+    )
+    plan = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)
+    assert plan.effects == (SetPluginSettings(50, 2, interval, 4, (1, 2)),)
+
+
+def test_no_bursts_stay_off_whatever_their_price() -> None:
+    inputs = _inputs(explore_ks=(), explore_spacing=500)
+    plan = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)
+    assert plan.effects == (SetPluginSettings(50, 2, 0, 4, ()),)
+
+
+@given(st.integers(1, 4096), st.integers(0, 2_000_000))
+def test_doubling_reaches_the_spacing_within_twice_it_and_the_api_bound(
+    interval: int, spacing: int
+) -> None:
+    doubled = doubled_to(interval, spacing)
+    assert doubled <= 1_000_000 and doubled % interval == 0
+    assert doubled >= spacing or doubled * 2 > 1_000_000
+    assert doubled == interval or doubled < 2 * spacing
 
 
 def _held_back_inputs() -> PlanInputs:

@@ -216,8 +216,10 @@ def test_a_shift_of_the_running_k_makes_the_other_k_of_its_cell_unmeasured_again
     estimator.add(_steps(3, [128], 1.02, repeat=500), now=1.0, half_life_s=1e9, shift=0.15)
     steps = estimator.estimate(PARAMS).steps
     assert steps[2, :].sum() == pytest.approx(1000, rel=1e-6)
+    assert estimator.shifted_at is None
     # Longer prompts: k=3 now runs 1.6x; k=2 was not seen since, its old times no longer hold.
     estimator.add(_steps(3, [128], 1.6, repeat=500), now=2.0, half_life_s=1e9, shift=0.15)
+    assert estimator.shifted_at == 2.0  # the push guard's samples before it are other traffic
     estimate = estimator.estimate(PARAMS)
     assert estimate.steps[2, :].sum() < 30  # below the exploration bar: tried afresh
     assert estimate.steps[3, :].sum() == pytest.approx(0.02 * 1500 + 500, rel=1e-6)

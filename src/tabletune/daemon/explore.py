@@ -12,10 +12,13 @@ cannot reach by small steps (k=3 running where k=1 is best) is still tried. With
 worth trying the daemon turns the bursts off. A measured k kept in only by its band (its
 estimate loses, its optimistic bound does not: a faded estimate's re-check) is a long shot;
 when every k worth bursts is one, they run sparser (``PLUGIN__NEIGHBOUR_RECHECK_INTERVAL``).
+Bursts at a measured k whose estimate loses are priced: spaced so that what they lose, by the
+estimates, stays under ``PLUGIN__NEIGHBOUR_COST_BUDGET`` of the time (``priced_spacing``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
@@ -39,10 +42,16 @@ def loaded_batches(load_weights: Mapping[int, float], *, min_share: float) -> li
 
 class Exploration(NamedTuple):
     """The k worth bursts (sorted; empty: none), and those of them that are long shots: at
-    every loaded batch size where chosen, measured and kept in by their band alone."""
+    every loaded batch size where chosen, measured and kept in by their band alone. What a
+    burst step costs, averaged over the k (the bursts take them in turn), in steps of the
+    table's k: its time (``step_time``) and the goodput it gives up against the table's k by
+    the point estimates (``step_loss``; nothing for an unmeasured k or one whose estimate wins,
+    the most where chosen at several batch sizes)."""
 
     ks: tuple[int, ...]
     long_shots: tuple[int, ...] = ()
+    step_time: float = 1.0
+    step_loss: float = 0.0
 
     @property
     def rechecks_only(self) -> bool:
@@ -68,6 +77,7 @@ def directed_exploration(
     rows = {k: i for i, k in enumerate(estimate.ks)}
     chosen: set[int] = set()
     more_than_long_shot: set[int] = set()  # somewhere unmeasured, or its estimate wins
+    cost: dict[int, tuple[float, float]] = {}  # k -> (step time, step loss), table-k steps
     for batch in loaded_batches(load_weights, min_share=min_share):
         b = min(max(1, batch), top)
         current = table_lookup[b]
@@ -91,8 +101,29 @@ def directed_exploration(
                 chosen.add(k)
                 if not measured or tokens / point > best:
                     more_than_long_shot.add(k)
+                time = point / estimated
+                loss = max(0.0, time * (1.0 - tokens / point / best)) if measured else 0.0
+                if k not in cost or loss > cost[k][1]:
+                    cost[k] = (time, loss)
     ks = tuple(sorted(chosen))
-    return Exploration(ks, tuple(k for k in ks if k not in more_than_long_shot))
+    return Exploration(
+        ks,
+        tuple(k for k in ks if k not in more_than_long_shot),
+        step_time=sum(cost[k][0] for k in ks) / len(ks) if ks else 1.0,
+        step_loss=sum(cost[k][1] for k in ks) / len(ks) if ks else 0.0,
+    )
+
+
+def priced_spacing(exploration: Exploration, *, burst: int, budget: float) -> int:
+    """The fewest steps from one burst's start to the next (the plugin's neighbour interval:
+    ``burst`` of them at an explored k, priced by ``exploration``, the rest at the table's k)
+    that keep the bursts' loss within ``budget`` of the time; 0: no bound (nothing priced, or
+    no budget). In time of the table's k's steps: burst * step_loss over
+    (spacing - burst) + burst * step_time."""
+    if budget <= 0 or exploration.step_loss <= 0:
+        return 0
+    lost = burst * exploration.step_loss
+    return max(0, math.ceil(lost / budget + burst * (1.0 - exploration.step_time)))
 
 
 def replica_exploration(

@@ -14,7 +14,7 @@ import numpy as np
 
 from tabletune.admin.protocol import TableView
 from tabletune.daemon.decide import Decision, Estimates, decide
-from tabletune.daemon.guard import PendingCheck, Verdict, judge
+from tabletune.daemon.guard import GoodputSample, PendingCheck, Verdict, judge
 from tabletune.daemon.runtime import ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
 from tabletune.daemon.trial import propose_trial, settle_due
@@ -58,6 +58,7 @@ class PlanInputs:
     load_moved: bool = False  # the load is elsewhere than where the last decision weighed it
     explore_ks: tuple[int, ...] | None = None  # directed bursts (empty: none); None: adjacent
     explore_rechecks_only: bool = False  # every k in explore_ks a long shot: sparser bursts
+    explore_spacing: int = 0  # the fewest steps between bursts their price allows (0: any)
 
 
 @dataclass(frozen=True)
@@ -73,14 +74,18 @@ def wanted_settings(
     settings: DaemonSettings,
     explore_ks: tuple[int, ...] | None = None,
     rechecks_only: bool = False,
+    spacing: int = 0,
 ) -> SetPluginSettings | None:
     """The plugin settings to set, when the replica's differ from the wanted ones. Directed
     bursts (``explore_ks``) run only at those k, and not at all when there are none; sparser
-    when they only re-check long shots (``rechecks_only``)."""
+    when they only re-check long shots (``rechecks_only``), and at least ``spacing`` steps
+    apart (their price: ``explore.priced_spacing``)."""
     w = settings.plugin
     interval = w.neighbour_interval if explore_ks is None or explore_ks else 0
     if explore_ks and rechecks_only and w.neighbour_recheck_interval:
         interval = w.neighbour_recheck_interval
+    if explore_ks and interval:
+        interval = doubled_to(interval, spacing)
     wanted = SetPluginSettings(
         w.exploration_interval, w.hysteresis, interval, w.neighbour_burst, explore_ks or ()
     )
@@ -92,6 +97,17 @@ def wanted_settings(
         tuple(view.neighbour_ks),
     )
     return None if running == wanted else wanted
+
+
+MAX_NEIGHBOUR_INTERVAL = 1_000_000  # the admin API's bound
+
+
+def doubled_to(interval: int, spacing: int) -> int:
+    """``interval`` doubled until it reaches ``spacing``: few distinct values, so a price that
+    drifts cycle by cycle does not reset the plugin's settings each time."""
+    while interval < spacing and interval * 2 <= MAX_NEIGHBOUR_INTERVAL:
+        interval *= 2
+    return interval
 
 
 # a_hat must move by more than this (absolute, at some position) to call for a new decision:
@@ -134,6 +150,15 @@ def load_moved(decided_load: float | None, weights: Mapping[int, float]) -> bool
     return abs(now - decided_load) > max(LOAD_REPLAN_BATCHES, LOAD_REPLAN_SHARE * decided_load)
 
 
+def same_traffic(
+    before: Sequence[GoodputSample], shifted_at: float | None
+) -> tuple[GoodputSample, ...]:
+    """The samples before a push taken since the traffic last shifted: goodput against the
+    profile's model moves with the traffic's shape, so a push must not be judged against
+    samples of other traffic (after a change of shape every table looks slower)."""
+    return tuple(s for s in before if shifted_at is None or s.at > shifted_at)
+
+
 def min_range_width(settings: DaemonSettings) -> int:
     """No range narrower than the plugin's hysteresis band (a load inside a narrower range
     would keep the k of a neighbour and never run it)."""
@@ -144,13 +169,19 @@ def plan_replica(
     rt: ReplicaRuntime, inputs: PlanInputs, *, settings: DaemonSettings, dry_run: bool
 ) -> ReplicaPlan:
     effects: list[Effect] = []
-    change = wanted_settings(inputs.view, settings, inputs.explore_ks, inputs.explore_rechecks_only)
+    change = wanted_settings(
+        inputs.view,
+        settings,
+        inputs.explore_ks,
+        inputs.explore_rechecks_only,
+        inputs.explore_spacing,
+    )
     if not dry_run and change is not None:
         effects.append(change)
     verdict: Verdict | None = None
     if rt.pending is not None and not inputs.restart:
         verdict = judge(
-            rt.pending.before,
+            same_traffic(rt.pending.before, rt.step_time.shifted_at),
             rt.history.since(rt.pending.pushed_at),
             elapsed_s=inputs.now - rt.pending.pushed_at,
             settings=settings.guard,

@@ -20,7 +20,7 @@ from tabletune.daemon.checks import Checks
 from tabletune.daemon.deadlines import try_fits
 from tabletune.daemon.decide import Decision, Estimates
 from tabletune.daemon.estimation import UnitEstimator
-from tabletune.daemon.explore import replica_exploration
+from tabletune.daemon.explore import priced_spacing, replica_exploration
 from tabletune.daemon.guard import goodput_sample, view_ranges
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation
@@ -189,6 +189,13 @@ class ReplicaTurn:
             explore_rechecks_only=exploration is not None
             and exploration.rechecks_only
             and self._table_stood(rt, turn.now),
+            explore_spacing=0
+            if exploration is None
+            else priced_spacing(
+                exploration,
+                burst=self.settings.plugin.neighbour_burst,
+                budget=self.settings.plugin.neighbour_cost_budget,
+            ),
         )
         return inputs, ratio
 

@@ -338,6 +338,16 @@ class PluginSettings(_Group):
             "at the neighbour interval)"
         ),
     )
+    neighbour_cost_budget: float = Field(
+        default=0.005,
+        ge=0,
+        lt=1,
+        description=(
+            "plugin: bursts at a measured k whose estimate loses to the table's run sparser, "
+            "so that what they lose by the estimates stays under this share of the time "
+            "(0: not priced)"
+        ),
+    )
     neighbour_directed: bool = Field(
         default=True,
         description=(

@@ -212,6 +212,7 @@ class StepTimeEstimator:
         # When a shifted cell's settling ends (inf: none pending): see add().
         self.settle_until = np.full(len(layout.cells), math.inf)
         self.updated_at: float | None = None
+        self.shifted_at: float | None = None  # when a cell's traffic last shifted
 
     def add(
         self,
@@ -267,6 +268,7 @@ class StepTimeEstimator:
                 self._forget(col)
                 self.watching[col] = False
                 self.shifted[col] = True
+                self.shifted_at = now
                 if settle_s > 0:
                     self.settle_until[col] = now + settle_s
         for where, fresh in rows:
