@@ -92,7 +92,9 @@ def test_wrong_plugin_settings_come_first_and_dry_run_changes_nothing() -> None:
     assert dry.effects == () and dry.decision is not None and dry.decision.push
 
 
-def test_a_push_that_lowered_goodput_is_rolled_back_instead_of_deciding() -> None:
+def _push_that_halved_goodput() -> tuple[PendingCheck, ReplicaRuntime]:
+    """A push 150 s ago; its table ran at half the goodput (against the model) of the one
+    before it, 3 samples each side."""
     history = GoodputHistory(keep_s=600)
     before = tuple(GoodputSample(NOW - 300 + i, 40.0, 100.0, 100.0) for i in range(3))
     for i in range(3):
@@ -100,7 +102,11 @@ def test_a_push_that_lowered_goodput_is_rolled_back_instead_of_deciding() -> Non
     pending = PendingCheck(
         pushed_at=NOW - 150, pushed=((1, 128, 3),), previous=((1, 128, 1),), before=before
     )
-    rt = _runtime(pending=pending, history=history)
+    return pending, _runtime(pending=pending, history=history)
+
+
+def test_a_push_that_lowered_goodput_is_rolled_back_instead_of_deciding() -> None:
+    pending, rt = _push_that_halved_goodput()
     plan = plan_replica(rt, _inputs(rates_moved=True), settings=SETTINGS, dry_run=False)
     assert plan.verdict is not None and plan.verdict.outcome == "drop"
     assert plan.effects == (RollBack(pending, plan.verdict),)
@@ -111,14 +117,7 @@ def test_a_push_is_not_judged_against_samples_of_traffic_that_shifted_since() ->
     # The emulator's shape change (decode-heavy -> chat-like): goodput against the profile's
     # model fell with the new shape, every table alike; the right table, pushed after the
     # change, was rolled back against samples taken before it and the wrong one stayed.
-    history = GoodputHistory(keep_s=600)
-    before = tuple(GoodputSample(NOW - 300 + i, 40.0, 100.0, 100.0) for i in range(3))
-    for i in range(3):
-        history.add(GoodputSample(NOW - 100 + i, 40.0, 50.0, 100.0))
-    pending = PendingCheck(
-        pushed_at=NOW - 150, pushed=((1, 128, 3),), previous=((1, 128, 1),), before=before
-    )
-    rt = _runtime(pending=pending, history=history)
+    _, rt = _push_that_halved_goodput()
     rt.step_time.shifted_at = NOW - 200  # after the samples before the push, before it
     plan = plan_replica(rt, _inputs(rates_moved=True), settings=SETTINGS, dry_run=False)
     # No sample before the push is of this traffic: it waits, then passes as inconclusive.
