@@ -110,11 +110,25 @@ def test_a_measured_k_that_is_better_stays_until_the_table_moves() -> None:
     assert 2 in ks_for(estimate_with({3: 2.0, 2: 1.0}))
 
 
-def exploration_of(estimate: object) -> object:
+def exploration_of(estimate: object) -> Exploration:
     return directed_exploration(
         estimate,  # type: ignore[arg-type]
         PROFILE, RATES, LOOKUP_K3, {128: 1.0}, KS, min_steps=30, z=1.0,
     )  # fmt: skip
+
+
+def noisy_k2_exploration(factor: float) -> Exploration:
+    """At B=128: k=3 runs at 2x its profile; k=2 has 30 noisy steps at ``factor`` x its
+    profile (its estimate pulled toward k=3's ratio); k=1 and k=0 measured far worse."""
+    counter = StepCellCounter()
+    for k, ratio, steps in ((3, 2.0, 400), (2, factor, 30), (1, 3.0, 400), (0, 3.0, 400)):
+        for i in range(steps):
+            spread = 1.0 + (0.5 if i % 2 else -0.5) * (k == 2)  # k=2's steps noisy
+            ms = PROFILE.at(128, k) * ratio * spread
+            counter.record(batch_size=128, k=k, duration_s=ms / 1e3, tokens=128 * (k + 1))
+    estimator = StepTimeEstimator(StepTimeLayout(PROFILE, 256))
+    estimator.add(counter.totals(), now=0.0, half_life_s=60.0)
+    return exploration_of(estimator.estimate(PARAMS))
 
 
 @pytest.mark.parametrize(
@@ -128,26 +142,16 @@ def exploration_of(estimate: object) -> object:
 def test_a_measured_k_kept_in_by_its_band_alone_is_a_long_shot(
     factor: float, ks: tuple[int, ...], long_shots: tuple[int, ...]
 ) -> None:
-    """k=3 runs at 2x its profile; k=2 has 30 noisy steps at ``factor`` x its profile (its
-    estimate pulled toward k=3's ratio); k=1 and k=0 measured far worse."""
-    counter = StepCellCounter()
-    for k, ratio, steps in ((3, 2.0, 400), (2, factor, 30), (1, 3.0, 400), (0, 3.0, 400)):
-        for i in range(steps):
-            spread = 1.0 + (0.5 if i % 2 else -0.5) * (k == 2)  # k=2's steps noisy
-            ms = PROFILE.at(128, k) * ratio * spread
-            counter.record(batch_size=128, k=k, duration_s=ms / 1e3, tokens=128 * (k + 1))
-    estimator = StepTimeEstimator(StepTimeLayout(PROFILE, 256))
-    estimator.add(counter.totals(), now=0.0, half_life_s=60.0)
-    chosen = exploration_of(estimator.estimate(PARAMS))
-    assert (chosen.ks, chosen.long_shots) == (ks, long_shots)  # type: ignore[attr-defined]
-    assert chosen.rechecks_only is (long_shots == ks != ())  # type: ignore[attr-defined]
+    chosen = noisy_k2_exploration(factor)
+    assert (chosen.ks, chosen.long_shots) == (ks, long_shots)
+    assert chosen.rechecks_only is (long_shots == ks != ())
 
 
 def test_an_unmeasured_k_or_one_whose_estimate_wins_is_no_long_shot() -> None:
     first_look = exploration_of(estimate_with({3: 2.0}))  # k=1, k=2 on the profile's promise
-    assert first_look.ks == (1, 2) and first_look.long_shots == ()  # type: ignore[attr-defined]
+    assert first_look.ks == (1, 2) and first_look.long_shots == ()
     better = exploration_of(estimate_with({3: 2.0, 2: 1.0, 1: 3.0, 0: 3.0}))
-    assert better.ks == (2,) and not better.rechecks_only  # type: ignore[attr-defined]
+    assert better.ks == (2,) and not better.rechecks_only
 
 
 def test_no_load_no_exploration() -> None:
@@ -322,26 +326,18 @@ def test_a_long_shot_is_priced_by_what_its_steps_give_up() -> None:
     # k=3 runs at 2x its profile (16.2 tokens per ms at B=128); k=2 measured at 1.55x (15.6,
     # as above, its estimate pulled toward k=3's ratio): a long shot whose burst steps take
     # about as long as k=3's and give up a few % of their goodput; k=1, k=0 far worse, out.
-    counter = StepCellCounter()
-    for k, ratio, steps in ((3, 2.0, 400), (2, 1.55, 30), (1, 3.0, 400), (0, 3.0, 400)):
-        for i in range(steps):
-            spread = 1.0 + (0.5 if i % 2 else -0.5) * (k == 2)
-            ms = PROFILE.at(128, k) * ratio * spread
-            counter.record(batch_size=128, k=k, duration_s=ms / 1e3, tokens=128 * (k + 1))
-    estimator = StepTimeEstimator(StepTimeLayout(PROFILE, 256))
-    estimator.add(counter.totals(), now=0.0, half_life_s=60.0)
-    chosen = exploration_of(estimator.estimate(PARAMS))
-    assert chosen.long_shots == (2,)  # type: ignore[attr-defined]
-    assert 0.8 < chosen.step_time < 1.0  # type: ignore[attr-defined]
-    assert 0.005 < chosen.step_loss < 0.1  # type: ignore[attr-defined]
+    chosen = noisy_k2_exploration(1.55)
+    assert chosen.long_shots == (2,)
+    assert 0.8 < chosen.step_time < 1.0
+    assert 0.005 < chosen.step_loss < 0.1
 
 
 def test_first_looks_and_winning_estimates_are_not_priced() -> None:
     first_look = exploration_of(estimate_with({3: 2.0}))
     better = exploration_of(estimate_with({3: 2.0, 2: 1.0, 1: 3.0, 0: 3.0}))
     for exploration in (first_look, better):
-        assert exploration.step_loss == 0.0  # type: ignore[attr-defined]
-        assert priced_spacing(exploration, burst=4, budget=0.005) == 0  # type: ignore[arg-type]
+        assert exploration.step_loss == 0.0
+        assert priced_spacing(exploration, burst=4, budget=0.005) == 0
 
 
 @given(
