@@ -113,6 +113,14 @@ report decode_heavy_b128_explore_200s_blocks \
   eval_traffic_decode_heavy_b128_explore_200s_blocks_h200_20261202T0139Z.json $(logs 20261202T0139Z)
 report decode_heavy_b16_explore_200s_blocks \
   eval_traffic_decode_heavy_b16_explore_200s_blocks_h200_20261202T0147Z.json $(logs 20261202T0147Z)
+# One H200, 2026-12-02 03:38, 03:46, 03:55 UTC (e5e4c6ff; bursts priced, the guard's samples
+# since a shift).
+report decode_heavy_b256_priced_200s_blocks \
+  eval_traffic_decode_heavy_b256_priced_200s_blocks_h200_20261202T0338Z.json $(logs 20261202T0338Z)
+report long_context_b128_56_rounds_blocks \
+  eval_traffic_long_context_b128_56_rounds_blocks_h200_20261202T0346Z.json $(logs 20261202T0346Z)
+report shape_change_guard_blocks \
+  eval_traffic_shape_change_guard_blocks_h200_20261202T0355Z.json $(logs 20261202T0355Z)
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json
