@@ -329,6 +329,31 @@ def test_guard_rolls_back_a_push_that_lowered_goodput() -> None:
     assert engine.state.ranges == before  # held during the cooldown
 
 
+@pytest.mark.parametrize(("cooldown_s", "interval"), [("100000", 128), ("0", 32)])
+def test_bursts_run_at_the_recheck_interval_while_a_rollback_holds_pushes(
+    cooldown_s: str, interval: int
+) -> None:
+    """Nothing bursts find can be pushed during a rollback's hold: after the rollback the load
+    moves where k=2 is unmeasured, and its first looks run every 128 steps while the hold
+    lasts (every 32 without one)."""
+    rig = Rig(settings_with(GUARD__MIN_SAMPLES="1", GUARD__COOLDOWN_S=cooldown_s))
+    engine = rig.engines["r1"]
+    before = engine.state.ranges
+    original_run = engine.run
+
+    def slow_when_changed(seconds: float) -> None:
+        engine.step_scale = 1.0 if engine.state.ranges == before else 3.0
+        original_run(seconds)
+
+    engine.run = slow_when_changed  # type: ignore[method-assign]
+    reports = rig.cycles(3)
+    assert any(r.rolled_back for r in reports)  # type: ignore[attr-defined]
+    engine.load = 100
+    rig.cycles(2)
+    assert engine.state.neighbour_ks == (2,)
+    assert engine.state.neighbour_interval == interval
+
+
 def test_profile_drift_is_alerted() -> None:
     rig = Rig(settings_with())
     rig.engines["r1"].step_scale = 1.6

@@ -158,8 +158,8 @@ def test_directed_bursts_run_only_at_the_chosen_k_and_stop_when_none_is_worth_it
     assert adjacent.effects == ()  # the running settings are already the adjacent ones
 
 
-def test_bursts_that_only_recheck_long_shots_run_at_the_recheck_interval() -> None:
-    rechecks = _inputs(explore_ks=(1, 2), explore_rechecks_only=True)
+def test_sparse_bursts_run_at_the_recheck_interval() -> None:
+    rechecks = _inputs(explore_ks=(1, 2), explore_sparse=True)
     plan = plan_replica(_runtime(), rechecks, settings=SETTINGS, dry_run=False)
     assert plan.effects == (SetPluginSettings(50, 2, 128, 4, (1, 2)),)
     same_rate = load_settings({"TABLETUNE_PLUGIN__NEIGHBOUR_RECHECK_INTERVAL": "0"})
@@ -168,15 +168,13 @@ def test_bursts_that_only_recheck_long_shots_run_at_the_recheck_interval() -> No
 
 
 @pytest.mark.parametrize(
-    ("spacing", "rechecks_only", "interval"),
+    ("spacing", "sparse", "interval"),
     [(0, False, 32), (32, False, 32), (33, False, 64), (100, False, 128), (300, True, 512)],
 )
 def test_priced_bursts_run_at_their_interval_doubled_past_their_spacing(
-    spacing: int, rechecks_only: bool, interval: int
+    spacing: int, sparse: bool, interval: int
 ) -> None:
-    inputs = _inputs(
-        explore_ks=(1, 2), explore_rechecks_only=rechecks_only, explore_spacing=spacing
-    )
+    inputs = _inputs(explore_ks=(1, 2), explore_sparse=sparse, explore_spacing=spacing)
     plan = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)
     assert plan.effects == (SetPluginSettings(50, 2, interval, 4, (1, 2)),)
 

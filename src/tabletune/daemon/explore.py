@@ -11,7 +11,9 @@ while the traffic there stays as it was, so the bursts stop paying for it; a k t
 cannot reach by small steps (k=3 running where k=1 is best) is still tried. With nothing
 worth trying the daemon turns the bursts off. A measured k kept in only by its band (its
 estimate loses, its optimistic bound does not: a faded estimate's re-check) is a long shot;
-when every k worth bursts is one, they run sparser (``PLUGIN__NEIGHBOUR_RECHECK_INTERVAL``).
+when every k worth bursts is one, they run sparser (``PLUGIN__NEIGHBOUR_RECHECK_INTERVAL``),
+and so do all bursts while a rollback holds pushes for longer than a re-check waits
+(``sparse_bursts``).
 Bursts at a measured k whose estimate loses are priced: spaced so that what they lose, by the
 estimates, stays under ``PLUGIN__NEIGHBOUR_COST_BUDGET`` of the time (``priced_spacing``).
 """
@@ -124,6 +126,18 @@ def priced_spacing(exploration: Exploration, *, burst: int, budget: float) -> in
         return 0
     lost = burst * exploration.step_loss
     return max(0, math.ceil(lost / budget + burst * (1.0 - exploration.step_time)))
+
+
+def sparse_bursts(
+    exploration: Exploration, *, table_stood: bool, hold_left_s: float, recheck_after_s: float
+) -> bool:
+    """Bursts run at the re-check interval: they only re-check long shots of a table that has
+    stood ``recheck_after_s``, or a rollback holds pushes for longer than that, so nothing
+    they find can be pushed before then (at B≈254 on the H200 bursts read k=1 and k=3 ahead
+    of k=0's run, and ran every 32 steps through the hold, 18 % of the time)."""
+    if not exploration.ks:
+        return False
+    return (exploration.rechecks_only and table_stood) or hold_left_s > recheck_after_s
 
 
 def replica_exploration(

@@ -43,6 +43,9 @@ class Outcomes:
                     replica=rt.replica,
                     exploration_interval=effect.exploration_interval,
                     hysteresis=effect.hysteresis,
+                    neighbour_interval=effect.neighbour_interval,
+                    neighbour_burst=effect.neighbour_burst,
+                    neighbour_ks=list(effect.neighbour_ks),
                 )
         if applied.conflict:
             log.warning(

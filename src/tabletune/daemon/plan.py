@@ -57,7 +57,7 @@ class PlanInputs:
     step_time_moved: bool  # T_hat where the load runs moved since the last decision
     load_moved: bool = False  # the load is elsewhere than where the last decision weighed it
     explore_ks: tuple[int, ...] | None = None  # directed bursts (empty: none); None: adjacent
-    explore_rechecks_only: bool = False  # every k in explore_ks a long shot: sparser bursts
+    explore_sparse: bool = False  # bursts at the re-check interval (explore.sparse_bursts)
     explore_spacing: int = 0  # the fewest steps between bursts their price allows (0: any)
 
 
@@ -73,16 +73,16 @@ def wanted_settings(
     view: TableView,
     settings: DaemonSettings,
     explore_ks: tuple[int, ...] | None = None,
-    rechecks_only: bool = False,
+    sparse: bool = False,
     spacing: int = 0,
 ) -> SetPluginSettings | None:
     """The plugin settings to set, when the replica's differ from the wanted ones. Directed
-    bursts (``explore_ks``) run only at those k, and not at all when there are none; sparser
-    when they only re-check long shots (``rechecks_only``), and at least ``spacing`` steps
-    apart (their price: ``explore.priced_spacing``)."""
+    bursts (``explore_ks``) run only at those k, and not at all when there are none; at the
+    re-check interval when ``sparse`` (``explore.sparse_bursts``), and at least ``spacing``
+    steps apart (their price: ``explore.priced_spacing``)."""
     w = settings.plugin
     interval = w.neighbour_interval if explore_ks is None or explore_ks else 0
-    if explore_ks and rechecks_only and w.neighbour_recheck_interval:
+    if explore_ks and sparse and w.neighbour_recheck_interval:
         interval = w.neighbour_recheck_interval
     if explore_ks and interval:
         interval = doubled_to(interval, spacing)
@@ -173,7 +173,7 @@ def plan_replica(
         inputs.view,
         settings,
         inputs.explore_ks,
-        inputs.explore_rechecks_only,
+        inputs.explore_sparse,
         inputs.explore_spacing,
     )
     if not dry_run and change is not None:

@@ -20,7 +20,7 @@ from tabletune.daemon.checks import Checks
 from tabletune.daemon.deadlines import try_fits
 from tabletune.daemon.decide import Decision, Estimates
 from tabletune.daemon.estimation import UnitEstimator
-from tabletune.daemon.explore import priced_spacing, replica_exploration
+from tabletune.daemon.explore import priced_spacing, replica_exploration, sparse_bursts
 from tabletune.daemon.guard import goodput_sample, view_ranges
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation
@@ -186,9 +186,13 @@ class ReplicaTurn:
             step_time_moved=step_time_moved,
             load_moved=load_moved(rt.decided_load, rt.loads.weights),
             explore_ks=None if exploration is None else exploration.ks,
-            explore_rechecks_only=exploration is not None
-            and exploration.rechecks_only
-            and self._table_stood(rt, turn.now),
+            explore_sparse=exploration is not None
+            and sparse_bursts(
+                exploration,
+                table_stood=self._table_stood(rt, turn.now),
+                hold_left_s=rt.hold_until - turn.now,
+                recheck_after_s=self.settings.plugin.neighbour_recheck_after_s,
+            ),
             explore_spacing=0
             if exploration is None
             else priced_spacing(

@@ -326,7 +326,8 @@ class PluginSettings(_Group):
         description=(
             "plugin: a burst every N steps instead when every k worth bursts is a long shot "
             "(measured worse where the load runs, kept in by its band as its estimate fades: "
-            "a re-check); 0: at the neighbour interval"
+            "a re-check), and while a rollback holds pushes for longer than the re-check "
+            "wait; 0: at the neighbour interval"
         ),
     )
     neighbour_recheck_after_s: float = Field(
