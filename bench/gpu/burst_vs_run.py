@@ -23,7 +23,7 @@ import math
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ BURST_SHARE = 1 / 3  # a k with fewer steps than this share of its cell's busies
 MIN_BURST_STEPS = 20
 MIN_ARM_STEPS = 50
 MAX_VIEW_BATCH = 256  # the profiles' grid ends there
+TOKENS_MARGIN = 10.0  # tokens a step: B·(1+k) moves by a few as the cell's mean batch does
 
 
 def _add(sums: dict[Any, list[float]], key: Any, cell: list[float]) -> None:
@@ -147,6 +148,31 @@ def switch_steps(raw: Row) -> list[Row]:
     return out
 
 
+def by_tokens_carried(pairs: list[Row], *, margin: float) -> Row:
+    """The pairs' burst/arm ratios grouped by the tokens a burst step carried beside its arm's
+    (same k and cell, so the difference is prompt tokens riding along: a burst runs amid the
+    table's k, whose requests finish, and new prompts arrive, at that k's pace), with the
+    correlation of ratio and difference."""
+    difference = [p["burst_tokens_per_step"] - p["arm_tokens_per_step"] for p in pairs]
+    ratios = [p["ratio"] for p in pairs]
+
+    def group(keep: Callable[[float], bool]) -> Row:
+        chosen = [r for d, r in zip(difference, ratios, strict=True) if keep(d)]
+        return {
+            "pairs": len(chosen),
+            "ratio_median": round(statistics.median(chosen), 4) if chosen else None,
+        }
+
+    spread = len(set(difference)) > 1 and len(set(ratios)) > 1
+    return {
+        "margin_tokens": margin,
+        "fewer": group(lambda d: d < -margin),
+        "alike": group(lambda d: -margin <= d <= margin),
+        "more": group(lambda d: d > margin),
+        "pearson_r": round(statistics.correlation(difference, ratios), 3) if spread else None,
+    }
+
+
 def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate, PoolProfile]]:
     """The daemon part's windows fed in turn into this checkout's estimator (default step-time
     settings, the part's prior): each window, the seconds so far and the estimate after it."""
@@ -225,6 +251,7 @@ def main() -> int:
         "pairs": pairs,
         "ratio_median": statistics.median(ratios) if ratios else None,
         "ratio_range": [min(ratios), max(ratios)] if ratios else None,
+        "by_tokens_carried": by_tokens_carried(pairs, margin=TOKENS_MARGIN),
         "arm_step_spreads": spreads,
         "switch_steps": switches,
     }
@@ -250,6 +277,12 @@ def main() -> int:
             f"{p['raw'][:48]:48} {p['load']:18} k={p['k']} {p['burst_ms']:6.2f} ms in "
             f"bursts ({p['burst_steps']}) vs {p['arm_ms']:6.2f} as an arm: {p['ratio']:.2f}"
         )
+    carried = result["by_tokens_carried"]
+    print(
+        "by tokens a burst step carried beside its arm's: "
+        + ", ".join(f"{g} {carried[g]}" for g in ("fewer", "alike", "more"))
+        + f", r {carried['pearson_r']}"
+    )
     print(f"median {result['ratio_median']}, range {result['ratio_range']}; wrote {args.out}")
     return 0
 

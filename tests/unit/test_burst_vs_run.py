@@ -28,3 +28,30 @@ def test_the_steps_at_a_new_k_are_set_beside_the_running_steps() -> None:
     assert burst_vs_run.switch_steps(raw) == [
         {"load": "decode-heavy-B256", "switch_steps": 6, "switch_ms": 40.0, "running_ms": 17.0}
     ]
+
+
+def _pair(ratio: float, burst_tokens: float, arm_tokens: float) -> dict[str, Any]:
+    return {"ratio": ratio, "burst_tokens_per_step": burst_tokens,
+            "arm_tokens_per_step": arm_tokens}  # fmt: skip
+
+
+def test_pairs_are_grouped_by_the_tokens_a_burst_step_carries_beside_its_arms() -> None:
+    # Same k and cell, so a difference in tokens a step is prompt tokens riding along.
+    pairs = [
+        _pair(0.8, 1060.0, 1090.0),  # 30 fewer: the run's prefill, not the k's
+        _pair(0.9, 540.0, 556.0),
+        _pair(1.0, 820.0, 825.0),  # within 10
+        _pair(1.4, 296.0, 283.0),  # 13 more
+    ]
+    grouped = burst_vs_run.by_tokens_carried(pairs, margin=10.0)
+    assert grouped["fewer"] == {"pairs": 2, "ratio_median": 0.85}
+    assert grouped["alike"] == {"pairs": 1, "ratio_median": 1.0}
+    assert grouped["more"] == {"pairs": 1, "ratio_median": 1.4}
+    assert grouped["margin_tokens"] == 10.0
+    assert 0.9 < grouped["pearson_r"] <= 1.0
+
+
+def test_no_pairs_no_grouping() -> None:
+    grouped = burst_vs_run.by_tokens_carried([], margin=10.0)
+    assert grouped["fewer"] == {"pairs": 0, "ratio_median": None}
+    assert grouped["pearson_r"] is None
