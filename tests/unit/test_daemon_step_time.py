@@ -266,6 +266,33 @@ def test_a_k_that_ran_a_cell_while_its_traffic_settled_and_stopped_is_measured_a
     assert estimator.estimate(PARAMS).measured[3, col] == pytest.approx(60)
 
 
+@pytest.mark.parametrize("settle_s", [15.0, 0.0])
+def test_the_cells_own_change_of_running_k_is_not_read_as_a_shift_while_it_settles(
+    settle_s: float,
+) -> None:
+    # The H200's decode-heavy B≈254 part at e5e4c6f (03:38): k=1 pushed at 38 s, rolled back
+    # at 47 s; 4.7 s later k=0's steps, amid the requests k=1's run had finished, read as a
+    # change of traffic, and what k=1's run had shown was forgotten. Its requests finish, and
+    # prompts arrive, at the running k's pace: the traffic moves when that k does.
+    estimator = _estimator()
+    col = estimator.layout.cells.index((121, 128))
+
+    def add(k: int, factor: float, now: float) -> None:
+        estimator.add(_steps(k, [128], factor, repeat=300 if now else 1000), now=now,
+                      half_life_s=1e9, shift=0.15, settle_s=settle_s)  # fmt: skip
+
+    add(0, 1.0, 0.0)
+    add(1, 1.0, 3.0)  # pushed
+    add(0, 1.3, 6.0)  # rolled back: k=0 amid k=1's wake
+    assert estimator.shifted_at == (None if settle_s else 6.0)
+    assert estimator.estimate(PARAMS).measured[1, col] == (300 if settle_s else 0)
+    if settle_s:  # settled, the same k moving is the traffic's again
+        add(0, 1.3, 15.0)
+        assert estimator.shifted_at is None
+        add(0, 2.0, 22.0)
+        assert estimator.shifted_at == 22.0
+
+
 def test_without_a_shift_or_with_settle_off_nothing_is_forgotten_after_it() -> None:
     for settle_s, traffic in ((10.0, 1.0), (0.0, 1.6)):
         estimator = _estimator()

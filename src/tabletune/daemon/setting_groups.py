@@ -289,7 +289,8 @@ class StepTimeSettings(_Group):
         ge=0,
         description=(
             "this many seconds after such a change, a k that ran the cell meanwhile and "
-            "runs it no more is measured afresh: it was timed while the traffic settled (0: off)"
+            "runs it no more is measured afresh: it was timed while the traffic settled; and "
+            "after the cell's running k changed, no change of traffic is read (0: off)"
         ),
     )
 

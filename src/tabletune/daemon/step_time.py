@@ -211,6 +211,9 @@ class StepTimeEstimator:
         self.watching = np.zeros(len(layout.cells), dtype=bool)
         # When a shifted cell's settling ends (inf: none pending): see add().
         self.settle_until = np.full(len(layout.cells), math.inf)
+        # Each cell's busiest k (row; -1: none yet) and when another k last took it over.
+        self.runner = np.full(len(layout.cells), -1)
+        self.runner_since = np.full(len(layout.cells), -math.inf)
         self.updated_at: float | None = None
         self.shifted_at: float | None = None  # when a cell's traffic last shifted
 
@@ -239,7 +242,9 @@ class StepTimeEstimator:
         shape's requests drain, the new one's prompts queue), every k's steps slow meanwhile,
         and a k that ran then would be judged on that: ``settle_s`` (0: off) after a shift,
         what a k learnt while it ran the cell and has stopped running it since is forgotten
-        once more, before the interval's steps count."""
+        once more, before the interval's steps count. The traffic moves too when the cell's
+        busiest k changes (its requests finish, and prompts arrive, at that k's pace): for
+        ``settle_s`` after, no shift is read there."""
         if self.updated_at is not None and now > self.updated_at:
             self.sums *= 0.5 ** ((now - self.updated_at) / half_life_s)
             # Only a cell that could see a shift can lose sight of one: a cell whose sums were
@@ -264,6 +269,11 @@ class StepTimeEstimator:
                 running[col] = (row, fresh)
         self._settle(np.flatnonzero(self.settle_until <= now), running)
         for col, (row, fresh) in running.items():
+            if self.runner[col] not in (-1, row):
+                self.runner_since[col] = now
+            self.runner[col] = row
+            if settle_s > 0 and now - self.runner_since[col] < settle_s:
+                continue  # the cell's own change of k moved its traffic: not a shift
             if self._shifted(self.sums[row, col], fresh, shift, correlation):
                 self._forget(col)
                 self.watching[col] = False
@@ -320,6 +330,8 @@ class StepTimeEstimator:
         self.shifted[:] = False
         self.watching[:] = False
         self.settle_until[:] = math.inf
+        self.runner[:] = -1
+        self.runner_since[:] = -math.inf
 
     def estimate(
         self, params: StepTimeParams, *, prior_sigma: np.ndarray | None = None
