@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from tabletune.step_cells import CellTotals, cells_to_wire
@@ -32,3 +34,13 @@ def test_steady_steps_read_no_change_and_slower_ones_do() -> None:
     assert part == {"raw": "steady.json", "part": "decode-heavy-B128-daemon", "shifts_at_s": []}
     (part,) = shift_replay.replay(_raw(slower), "slower.json")
     assert part["shifts_at_s"] and 30.0 < part["shifts_at_s"][0] <= 36.0
+
+
+def test_h200_b254_a_rollback_of_the_tables_k_is_not_read_as_a_shift() -> None:
+    # Issue 16's decode-heavy B≈254 part at e5e4c6f (03:38 UTC): k=1 pushed at 38 s, rolled
+    # back to k=0 at 47.1 s; k=0's steps 4.7 s later read as a shift, and what k=1's run had
+    # shown was forgotten. Within STEP_TIME__SETTLE_S of the cell's change of k: none.
+    name = "eval_traffic_decode_heavy_b256_priced_200s_blocks_h200_20261202T0338Z.json"
+    path = Path(__file__).resolve().parents[2] / "bench/results/gpu_raw" / name
+    (part,) = shift_replay.replay(json.loads(path.read_text()), name)
+    assert part["part"] == "decode-heavy-B256-daemon" and part["shifts_at_s"] == []
