@@ -305,12 +305,13 @@ def test_refused_push_is_not_retried() -> None:
     assert rig.clock.slept == []
 
 
-def test_guard_rolls_back_a_push_that_lowered_goodput() -> None:
-    rig = Rig(settings_with(GUARD__MIN_SAMPLES="1", GUARD__COOLDOWN_S="100000"))
+def slow_once_pushed(cooldown_s: str) -> Rig:
+    """A rig whose engine runs every table but its first 3x slower than the profile says (a
+    drafter whose work grows with acceptance): a push looks good on paper and is bad in
+    reality, and the guard (one sample enough) rolls it back."""
+    rig = Rig(settings_with(GUARD__MIN_SAMPLES="1", GUARD__COOLDOWN_S=cooldown_s))
     engine = rig.engines["r1"]
     before = engine.state.ranges
-    # The live engine runs the pushed k much slower than the profile says (a drafter whose
-    # work grows with acceptance): the push looks good on paper and is bad in reality.
     original_run = engine.run
 
     def slow_when_changed(seconds: float) -> None:
@@ -318,6 +319,13 @@ def test_guard_rolls_back_a_push_that_lowered_goodput() -> None:
         original_run(seconds)
 
     engine.run = slow_when_changed  # type: ignore[method-assign]
+    return rig
+
+
+def test_guard_rolls_back_a_push_that_lowered_goodput() -> None:
+    rig = slow_once_pushed(cooldown_s="100000")
+    engine = rig.engines["r1"]
+    before = engine.state.ranges
     rig.cycles(2)
     assert engine.state.ranges != before  # pushed
     reports = rig.cycles(2)
@@ -336,16 +344,8 @@ def test_bursts_run_at_the_recheck_interval_while_a_rollback_holds_pushes(
     """Nothing bursts find can be pushed during a rollback's hold: after the rollback the load
     moves where k=2 is unmeasured, and its first looks run every 128 steps while the hold
     lasts (every 32 without one)."""
-    rig = Rig(settings_with(GUARD__MIN_SAMPLES="1", GUARD__COOLDOWN_S=cooldown_s))
+    rig = slow_once_pushed(cooldown_s)
     engine = rig.engines["r1"]
-    before = engine.state.ranges
-    original_run = engine.run
-
-    def slow_when_changed(seconds: float) -> None:
-        engine.step_scale = 1.0 if engine.state.ranges == before else 3.0
-        original_run(seconds)
-
-    engine.run = slow_when_changed  # type: ignore[method-assign]
     reports = rig.cycles(3)
     assert any(r.rolled_back for r in reports)  # type: ignore[attr-defined]
     engine.load = 100
