@@ -170,7 +170,32 @@ def by_tokens_carried(pairs: list[Row], *, margin: float) -> Row:
         "alike": group(lambda d: -margin <= d <= margin),
         "more": group(lambda d: d > margin),
         "pearson_r": round(statistics.correlation(difference, ratios), 3) if spread else None,
+        "per_shape": per_shape_slopes(pairs),
     }
+
+
+def per_shape_slopes(pairs: list[Row]) -> Row:
+    """Per traffic shape (the load's name less its clients): what a token more a step cost, by
+    least squares through zero of the arm's step time less the burst's on the arm's tokens a
+    step less the burst's; a cost per arriving request would show as slopes that differ by
+    the shapes' prompt lengths."""
+    shapes: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for p in pairs:
+        shape = p["load"].rsplit("-B", 1)[0]
+        tokens = p["arm_tokens_per_step"] - p["burst_tokens_per_step"]
+        shapes[shape].append((tokens, p["arm_ms"] - p["burst_ms"]))
+    out: Row = {}
+    for shape, points in sorted(shapes.items()):
+        tokens = [t for t, _ in points]
+        ms = [m for _, m in points]
+        squares = sum(t * t for t in tokens)
+        spread = len(points) > 2 and len(set(tokens)) > 1 and len(set(ms)) > 1
+        out[shape] = {
+            "pairs": len(points),
+            "ms_per_token": round(sum(t * m for t, m in points) / squares, 4) if squares else None,
+            "pearson_r": round(statistics.correlation(tokens, ms), 3) if spread else None,
+        }
+    return out
 
 
 def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate, PoolProfile]]:

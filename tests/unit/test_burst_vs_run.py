@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.support.gpu_jobs import load_gpu_module
 
 burst_vs_run = load_gpu_module("burst_vs_run")
@@ -30,9 +32,11 @@ def test_the_steps_at_a_new_k_are_set_beside_the_running_steps() -> None:
     ]
 
 
-def _pair(ratio: float, burst_tokens: float, arm_tokens: float) -> dict[str, Any]:
+def _pair(ratio: float, burst_tokens: float, arm_tokens: float, load: str = "decode-heavy-B256",
+          arm_ms: float = 10.0) -> dict[str, Any]:  # fmt: skip
     return {"ratio": ratio, "burst_tokens_per_step": burst_tokens,
-            "arm_tokens_per_step": arm_tokens}  # fmt: skip
+            "arm_tokens_per_step": arm_tokens, "load": load, "arm_ms": arm_ms,
+            "burst_ms": ratio * arm_ms}  # fmt: skip
 
 
 def test_pairs_are_grouped_by_the_tokens_a_burst_step_carries_beside_its_arms() -> None:
@@ -55,3 +59,17 @@ def test_no_pairs_no_grouping() -> None:
     grouped = burst_vs_run.by_tokens_carried([], margin=10.0)
     assert grouped["fewer"] == {"pairs": 0, "ratio_median": None}
     assert grouped["pearson_r"] is None
+
+
+def test_per_shape_a_token_more_a_step_is_priced_through_zero() -> None:
+    # decode-heavy: 0.2 ms a token (3 ms over 15 tokens, 6 over 30); chat-like: 0.01.
+    pairs = [
+        _pair(0.7, 1070.0, 1085.0, arm_ms=10.0),
+        _pair(0.8, 1060.0, 1090.0, "decode-heavy-B128", arm_ms=30.0),
+        _pair(0.9, 1000.0, 1100.0, "chat-like-B192", arm_ms=10.0),
+        _pair(0.95, 1000.0, 1050.0, "chat-like-B64", arm_ms=10.0),
+    ]
+    shapes = burst_vs_run.per_shape_slopes(pairs)
+    assert shapes["decode-heavy"]["ms_per_token"] == pytest.approx(0.2)
+    assert shapes["chat-like"]["ms_per_token"] == pytest.approx(0.01)
+    assert shapes["chat-like"]["pairs"] == 2 and shapes["chat-like"]["pearson_r"] is None
