@@ -341,13 +341,14 @@ def test_guard_rolls_back_a_push_that_lowered_goodput() -> None:
 def test_bursts_run_at_the_recheck_interval_while_a_rollback_holds_pushes(
     cooldown_s: str, interval: int
 ) -> None:
-    """Nothing bursts find can be pushed during a rollback's hold: after the rollback the load
-    moves where k=2 is unmeasured, and its first looks run every 128 steps while the hold
-    lasts (every 32 without one)."""
+    """Nothing bursts find can be pushed during a rollback's hold: from the rollback's own
+    cycle its bursts run every 128 steps; then the load moves where k=2 is unmeasured, and its
+    first looks run every 128 steps while the hold lasts (every 32 without one)."""
     rig = slow_once_pushed(cooldown_s)
     engine = rig.engines["r1"]
     reports = rig.cycles(3)
-    assert any(r.rolled_back for r in reports)  # type: ignore[attr-defined]
+    assert reports[-1].rolled_back  # type: ignore[attr-defined]
+    assert engine.state.neighbour_ks and engine.state.neighbour_interval == interval
     engine.load = 100
     rig.cycles(2)
     assert engine.state.neighbour_ks == (2,)

@@ -113,6 +113,20 @@ def test_a_push_that_lowered_goodput_is_rolled_back_instead_of_deciding() -> Non
     assert plan.decision is None
 
 
+def test_a_rollbacks_cycle_spaces_the_bursts_for_the_hold_it_starts() -> None:
+    pending, rt = _push_that_halved_goodput()
+    inputs = _inputs(rates_moved=True, explore_ks=(1, 2), explore_sparse_if_held=True)
+    plan = plan_replica(rt, inputs, settings=SETTINGS, dry_run=False)
+    assert plan.verdict is not None
+    assert plan.effects == (
+        SetPluginSettings(50, 2, 128, 4, (1, 2)),
+        RollBack(pending, plan.verdict),
+    )
+    # No rollback: the spacing for the cycle as it stands.
+    calm = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)
+    assert SetPluginSettings(50, 2, 32, 4, (1, 2)) in calm.effects
+
+
 def test_a_push_is_not_judged_against_samples_of_traffic_that_shifted_since() -> None:
     # The emulator's shape change (decode-heavy -> chat-like): goodput against the profile's
     # model fell with the new shape, every table alike; the right table, pushed after the

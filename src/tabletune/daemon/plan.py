@@ -58,6 +58,7 @@ class PlanInputs:
     load_moved: bool = False  # the load is elsewhere than where the last decision weighed it
     explore_ks: tuple[int, ...] | None = None  # directed bursts (empty: none); None: adjacent
     explore_sparse: bool = False  # bursts at the re-check interval (explore.sparse_bursts)
+    explore_sparse_if_held: bool = False  # the same, were a rollback to start its hold now
     explore_spacing: int = 0  # the fewest steps between bursts their price allows (0: any)
 
 
@@ -168,17 +169,8 @@ def min_range_width(settings: DaemonSettings) -> int:
 def plan_replica(
     rt: ReplicaRuntime, inputs: PlanInputs, *, settings: DaemonSettings, dry_run: bool
 ) -> ReplicaPlan:
-    effects: list[Effect] = []
-    change = wanted_settings(
-        inputs.view,
-        settings,
-        inputs.explore_ks,
-        inputs.explore_sparse,
-        inputs.explore_spacing,
-    )
-    if not dry_run and change is not None:
-        effects.append(change)
     verdict: Verdict | None = None
+    rollback: RollBack | None = None
     if rt.pending is not None and not inputs.restart:
         verdict = judge(
             same_traffic(rt.pending.before, rt.step_time.shifted_at),
@@ -187,7 +179,20 @@ def plan_replica(
             settings=settings.guard,
         )
         if verdict.outcome == "drop" and not dry_run:
-            return ReplicaPlan((*effects, RollBack(rt.pending, verdict)), verdict=verdict)
+            rollback = RollBack(rt.pending, verdict)
+    effects: list[Effect] = []
+    change = wanted_settings(
+        inputs.view,
+        settings,
+        inputs.explore_ks,
+        # A rollback starts its hold this cycle: its bursts are spaced for it already.
+        inputs.explore_sparse_if_held if rollback else inputs.explore_sparse,
+        inputs.explore_spacing,
+    )
+    if not dry_run and change is not None:
+        effects.append(change)
+    if rollback is not None:
+        return ReplicaPlan((*effects, rollback), verdict=verdict)
     recheck = rt.held_back and inputs.now - rt.decided_at >= settings.decision.recheck_held_back_s
     trial = None if inputs.restart else rt.trial
     if trial is not None and not settle_due(

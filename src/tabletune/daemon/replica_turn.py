@@ -20,7 +20,12 @@ from tabletune.daemon.checks import Checks
 from tabletune.daemon.deadlines import try_fits
 from tabletune.daemon.decide import Decision, Estimates
 from tabletune.daemon.estimation import UnitEstimator
-from tabletune.daemon.explore import priced_spacing, replica_exploration, sparse_bursts
+from tabletune.daemon.explore import (
+    Exploration,
+    priced_spacing,
+    replica_exploration,
+    sparse_bursts,
+)
 from tabletune.daemon.guard import goodput_sample, view_ranges
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation
@@ -186,12 +191,9 @@ class ReplicaTurn:
             step_time_moved=step_time_moved,
             load_moved=load_moved(rt.decided_load, rt.loads.weights),
             explore_ks=None if exploration is None else exploration.ks,
-            explore_sparse=exploration is not None
-            and sparse_bursts(
-                exploration,
-                table_stood=self._table_stood(rt, turn.now),
-                hold_left_s=rt.hold_until - turn.now,
-                recheck_after_s=self.settings.plugin.neighbour_recheck_after_s,
+            explore_sparse=self._sparse(rt, exploration, turn.now, rt.hold_until - turn.now),
+            explore_sparse_if_held=self._sparse(
+                rt, exploration, turn.now, self.settings.guard.cooldown_s
             ),
             explore_spacing=0
             if exploration is None
@@ -202,6 +204,16 @@ class ReplicaTurn:
             ),
         )
         return inputs, ratio
+
+    def _sparse(
+        self, rt: ReplicaRuntime, exploration: Exploration | None, now: float, hold_left_s: float
+    ) -> bool:
+        return exploration is not None and sparse_bursts(
+            exploration,
+            table_stood=self._table_stood(rt, now),
+            hold_left_s=hold_left_s,
+            recheck_after_s=self.settings.plugin.neighbour_recheck_after_s,
+        )
 
     def _table_stood(self, rt: ReplicaRuntime, now: float) -> bool:
         """The replica's table has stood long enough, since its last push and since this
