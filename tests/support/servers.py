@@ -39,12 +39,20 @@ ALERTMANAGER_BINARY = "prometheus-alertmanager"
 START_TIMEOUT_S = 30.0
 
 
+# Ports this process has handed out: once closed, the OS may give the same one to the next
+# bind (in CI a daemon's port, taken first, came back as its emulator's).
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port that was free a moment ago on 127.0.0.1, and not handed out before here."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def servers_required() -> bool:
@@ -465,13 +473,17 @@ def free_port_range(count: int, *, attempts: int = 50) -> list[int]:
 
     for _ in range(attempts):
         base = random.randint(20_000, 60_000 - count)
+        ports = range(base, base + count)
+        if _HANDED_OUT.intersection(ports):
+            continue
         sockets: list[socket.socket] = []
         try:
-            for port in range(base, base + count):
+            for port in ports:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sockets.append(sock)
                 sock.bind(("127.0.0.1", port))
-            return list(range(base, base + count))
+            _HANDED_OUT.update(ports)
+            return list(ports)
         except OSError:
             continue
         finally:

@@ -3,9 +3,12 @@ required (CI sets TABLETUNE_REQUIRE_SERVERS=1)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
-from tests.support.servers import REQUIRE_ENV, free_port_range, require_binary
+from tests.support import servers
+from tests.support.servers import REQUIRE_ENV, free_port, free_port_range, require_binary
 
 
 def test_missing_binary_skips_locally(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,3 +30,41 @@ def test_present_binary_is_found() -> None:
 def test_port_range_is_consecutive() -> None:
     ports = free_port_range(5)
     assert ports == list(range(ports[0], ports[0] + 5))
+
+
+class _ScriptedSocket:
+    """bind(0) gives the next port of a script, as an OS that hands a port just closed back."""
+
+    script: ClassVar[list[int]] = []
+
+    def __init__(self, *_args: object) -> None:
+        self.port = 0
+
+    def __enter__(self) -> _ScriptedSocket:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        pass
+
+    def bind(self, address: tuple[str, int]) -> None:
+        self.port = address[1] or self.script.pop(0)
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_port_handed_out_once_is_not_handed_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI, 2026-12-02: the daemon's port, taken first and closed, came back as its emulator's;
+    # the daemon could not serve and never said READY=1.
+    monkeypatch.setattr(servers, "_HANDED_OUT", set())
+    monkeypatch.setattr(_ScriptedSocket, "script", [41000, 41000, 41001])
+    monkeypatch.setattr(servers.socket, "socket", _ScriptedSocket)
+    assert [free_port(), free_port()] == [41000, 41001]
+
+
+def test_distinct_ports_from_the_real_os() -> None:
+    ports = [free_port() for _ in range(50)] + free_port_range(3)
+    assert len(set(ports)) == len(ports)
