@@ -3,6 +3,8 @@ required (CI sets TABLETUNE_REQUIRE_SERVERS=1)."""
 
 from __future__ import annotations
 
+import socket
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
@@ -61,7 +63,11 @@ def test_a_port_handed_out_once_is_not_handed_out_again(monkeypatch: pytest.Monk
     # the daemon could not serve and never said READY=1.
     monkeypatch.setattr(servers, "_HANDED_OUT", set())
     monkeypatch.setattr(_ScriptedSocket, "script", [41000, 41000, 41001])
-    monkeypatch.setattr(servers.socket, "socket", _ScriptedSocket)
+    # Only the helpers' view of the socket module: other threads keep the real one.
+    scripted = SimpleNamespace(
+        socket=_ScriptedSocket, AF_INET=socket.AF_INET, SOCK_STREAM=socket.SOCK_STREAM
+    )
+    monkeypatch.setattr(servers, "socket", scripted)
     assert [free_port(), free_port()] == [41000, 41001]
 
 
