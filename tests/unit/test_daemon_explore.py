@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -367,16 +369,12 @@ def test_priced_spacing_is_the_fewest_steps_that_keep_the_loss_within_budget(
     assert priced_spacing(exploration, burst=burst, budget=0.0) == 0
 
 
-def test_h200_b254_bursts_priced_once_their_k_were_measured() -> None:
-    # Issue 16's decode-heavy B≈254 launch at 32f7a1b (23:39 UTC): k=0 ran and bursts took
-    # k=1..3 in turn every 32 steps, 21 % of the time after the table settled (its k mix: 3.6 %
-    # lost). Replayed: unmeasured k are first looks, not priced; once k=1 was measured (from
-    # 22.7 s) the bursts are priced (26-104 steps at the 0.5 % default), and run every 64 or
-    # 128 steps but once (every 32: k=3 alone, its steps costlier but its loss smaller).
-    raw = json.loads(H200_B254_SPREADS.read_text())
+def b254_explorations(path: Path) -> Iterator[tuple[dict[str, Any], int, Exploration]]:
+    """A recorded decode-heavy B≈254 daemon part, window by window through this checkout's
+    estimator: each window, the k its table ran at B=254, and the k its bursts would explore
+    there."""
+    raw = json.loads(path.read_text())
     rates = tuple(raw["meta"]["synthetic_rates"])
-    budget = PluginSettings().neighbour_cost_budget
-    spacings = []
     for window, _, estimate, pool in load_gpu_module("burst_vs_run").replayed(
         raw, "decode-heavy-B256-daemon"
     ):
@@ -384,7 +382,20 @@ def test_h200_b254_bursts_priced_once_their_k_were_measured() -> None:
         exploration = directed_exploration(
             estimate, pool.step_times, rates, lookup, {254: 1.0}, KS, min_steps=30, z=1.0
         )
-        spacings.append(priced_spacing(exploration, burst=4, budget=budget))
+        yield window, lookup[254], exploration
+
+
+def test_h200_b254_bursts_priced_once_their_k_were_measured() -> None:
+    # Issue 16's decode-heavy B≈254 launch at 32f7a1b (23:39 UTC): k=0 ran and bursts took
+    # k=1..3 in turn every 32 steps, 21 % of the time after the table settled (its k mix: 3.6 %
+    # lost). Replayed: unmeasured k are first looks, not priced; once k=1 was measured (from
+    # 22.7 s) the bursts are priced (26-104 steps at the 0.5 % default), and run every 64 or
+    # 128 steps but once (every 32: k=3 alone, its steps costlier but its loss smaller).
+    budget = PluginSettings().neighbour_cost_budget
+    spacings = [
+        priced_spacing(exploration, burst=4, budget=budget)
+        for _, _, exploration in b254_explorations(H200_B254_SPREADS)
+    ]
     assert spacings[:19] == [0] * 19  # the first look at each k (to 21.6 s)
     intervals = [doubled_to(32, s) for s in spacings[19:]]
     assert all(26 <= s <= 104 for s in spacings[19:])
@@ -453,23 +464,15 @@ def test_h200_b254_bursts_the_estimates_call_winners_run_sparse_through_a_rollba
     # k=3 up to 14 %, so pricing left them unpriced and they ran every 32 steps (126 of 130
     # windows), 18 % of the time (3.5 % lost by the k mix). Replayed: with 850 s of the hold
     # left they run sparse.
-    raw = json.loads(H200_B254_PRICED.read_text())
-    rates = tuple(raw["meta"]["synthetic_rates"])
     plugin = PluginSettings()
     rolled_back_at = 47.1
     hold_ends = rolled_back_at + 900.0
     intervals: list[int] = []
-    for window, _, estimate, pool in load_gpu_module("burst_vs_run").replayed(
-        raw, "decode-heavy-B256-daemon"
-    ):
+    for window, k_at_254, exploration in b254_explorations(H200_B254_PRICED):
         at = window["since_daemon_start_s"]
-        if at < rolled_back_at + 5.0:  # the rollback's cycle; then a new shift's first looks
+        if at < rolled_back_at:
             continue
-        lookup = dense_lookup([tuple(r) for r in window["view"]["table"]], 256, 3)
-        assert lookup[254] == 0
-        exploration = directed_exploration(
-            estimate, pool.step_times, rates, lookup, {254: 1.0}, KS, min_steps=30, z=1.0
-        )
+        assert k_at_254 == 0
         assert 1 in exploration.ks and 3 in exploration.ks
         spacing = priced_spacing(
             exploration, burst=plugin.neighbour_burst, budget=plugin.neighbour_cost_budget
