@@ -27,7 +27,8 @@
 # checkout has no .git, else "unknown"), SERVER_MODULE (vLLM's api_server), DRIVER_ARGS (more
 # flags for live_step_time.py), TARGET (qwen3-4b: a config folder under MODELS; also the served
 # model name), DRAFTER ($TARGET-eagle3), TP (1: --tensor-parallel-size), GC_DEBUG (0; 1: vLLM logs
-# its engine core's garbage collections, kept as gc_log.txt), HOST_LOAD_S (1: the
+# its engine core's garbage collections, kept as gc_log.txt), STEP_TRACE (0; 1: a line per
+# engine step, kept as step_trace.<pid>.csv.gz), HOST_LOAD_S (1: the
 # host log's interval), GPU_CLOCKS_MS (1000: the GPU log's; for 1 s windows 250 and
 # HOST_LOAD_S=0.25 put a few samples wholly inside each). A CPU dry run of this script
 # against the plugin-based stand-in (about a minute):
@@ -112,10 +113,14 @@ trap stop_loggers EXIT
 # vLLM in its own process group, so it is stopped by its id.
 # GC_DEBUG=1: vLLM logs each garbage collection of its engine core with its duration
 # (VLLM_GC_DEBUG); those lines are kept as gc_log.txt (meta.gc_log; eval_traffic_report.py
-# sets them beside the windows, bench/gpu/gc_log.py).
+# sets them beside the windows, bench/gpu/gc_log.py). STEP_TRACE=1: the engine core writes a
+# line per step (TABLETUNE_STEP_TRACE, src/tabletune/plugin/step_trace.py), kept gzipped as
+# step_trace.<pid>.csv.gz (bench/gpu/step_trace_report.py reads it beside the windows).
 env VLLM_PLUGINS=tabletune_engine,tabletune_http,tabletune_metrics VLLM_USE_V2_MODEL_RUNNER=1 \
   TABLETUNE_ADMIN_OPEN=loopback VLLM_GC_DEBUG="$([[ ${GC_DEBUG:-0} == 1 ]] && echo 1)" \
-  TABLETUNE_SYNC_INTERVAL_S="$SYNC_S" setsid python3 -m "$SERVER_MODULE" "${ARGS[@]}" \
+  TABLETUNE_SYNC_INTERVAL_S="$SYNC_S" \
+  TABLETUNE_STEP_TRACE="$([[ ${STEP_TRACE:-0} == 1 ]] && echo "$work/step_trace")" \
+  setsid python3 -m "$SERVER_MODULE" "${ARGS[@]}" \
   >"$work/vllm.log" 2>&1 &
 vllm_pid=$!
 launched=$(date +%s)
@@ -127,6 +132,9 @@ stop_vllm() {
       "$work/vllm.log" | head -80
     echo "----- last 30 lines -----"; tail -30 "$work/vllm.log"; } >"$OUT/live_step_time_vllm_log.txt"
   if [[ ${GC_DEBUG:-0} == 1 ]]; then grep "GC took" "$work/vllm.log" >"$OUT/gc_log.txt"; fi
+  for trace in "$work"/step_trace.*.csv; do
+    [[ -f $trace ]] && gzip -c "$trace" >"$OUT/$(basename "$trace").gz"
+  done
 }
 # The host's CPU once a second beside the GPU log (bench/gpu/host_logger.py, host_load.csv):
 # the host's busy, iowait and steal shares and, process by process in vLLM's group, CPU,

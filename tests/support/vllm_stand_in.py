@@ -177,6 +177,8 @@ class StandIn:
                 num_scheduled_tokens=tokens,
                 total_num_scheduled_tokens=sum(tokens.values()),
                 scheduled_spec_decode_tokens=spec,
+                scheduled_new_reqs=[r for r in self.running if r.drafts < 0],  # prompt's step
+                finished_req_ids=set(),  # vLLM's: those finished in the step before
                 next_k=next_k,
             )
             # What each request sampled: filled in by finish_step (vLLM's model runner has

@@ -11,7 +11,8 @@ every process (API server, engine core, workers). It
 3. wraps ``Scheduler.update_from_output`` (called once per executed step, in order, on the
    engine thread) to time every step into its cell (the pure ``StepTimer``, step_timer.py), and,
    while the ``nightjar`` policy is installed, to hand each step the timer counted to the
-   bandit with the tokens it kept (bandit.py).
+   bandit with the tokens it kept (bandit.py); with ``TABLETUNE_STEP_TRACE`` set, it also
+   writes each step's line to a trace file (step_trace.py; evaluations only).
 
 Every vLLM import is inside a function: this module imports without vLLM installed.
 Env: ``TABLETUNE_COMPAT_FIX=0`` leaves the crash in place (to show it).
@@ -19,6 +20,7 @@ Env: ``TABLETUNE_COMPAT_FIX=0`` leaves the crash in place (to show it).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import time
@@ -32,12 +34,14 @@ from tabletune.plugin.bandit import NightjarLookup
 from tabletune.plugin.compat import is_affected_version, wrap_init_candidates
 from tabletune.plugin.controller import EngineTableController, Lookup
 from tabletune.plugin.step_timer import StepTimer
+from tabletune.plugin.step_trace import StepTrace, open_trace_from_env, trace_line
 from tabletune.plugin.wire import GET_STEP_CELLS, GET_TABLE, PUT_SETTINGS, PUT_TABLE
 
 LOGGER = logging.getLogger("vllm.tabletune.engine")
 CONTROLLER_ATTR = "_tabletune_controller"
 TIMER_ATTR = "_tabletune_step_timer"
 TIMED_MARK = "_tabletune_step_timing"
+TRACE_ATTR = "_tabletune_step_trace"
 
 
 def register() -> None:
@@ -107,16 +111,23 @@ def wrap_update_from_output(original: UpdateFromOutput) -> UpdateFromOutput:
     @wraps(original)
     def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any) -> Any:
         timer = step_timer_of(self)
-        if not timer.enabled:
+        trace = step_trace_of(self)
+        if not timer.enabled and trace is None:
             return original(self, scheduler_output, model_runner_output)
         now = time.perf_counter()  # the step's results are ready: this call follows at once
+        wall = time.time() if trace is not None else 0.0
         outputs = original(self, scheduler_output, model_runner_output)
+        idle_after = not self.has_requests()
+        if trace is not None:
+            trace.write(step_line(wall, scheduler_output, idle_after=idle_after))
+        if not timer.enabled:
+            return outputs
         timed = timer.on_step(
             now,
             scheduler_output.num_scheduled_tokens,
             scheduler_output.total_num_scheduled_tokens,
             scheduler_output.scheduled_spec_decode_tokens,
-            idle_after=not self.has_requests(),
+            idle_after=idle_after,
         )
         lookup = self.dynamic_sd_lookup
         if timed is not None and isinstance(lookup, NightjarLookup):
@@ -132,6 +143,37 @@ def kept_tokens(model_runner_output: Any) -> int:
     (``ModelRunnerOutput.sampled_token_ids``, cut to what each request kept; a prefill chunk
     that samples nothing adds 0)."""
     return sum(map(len, model_runner_output.sampled_token_ids))
+
+
+def step_line(wall_s: float, scheduler_output: Any, *, idle_after: bool) -> str:
+    """The trace line of one step, from vLLM's ``SchedulerOutput``."""
+    return trace_line(
+        wall_s,
+        scheduler_output.num_scheduled_tokens,
+        scheduler_output.total_num_scheduled_tokens,
+        scheduler_output.scheduled_spec_decode_tokens,
+        new_requests=len(scheduler_output.scheduled_new_reqs),
+        finished_requests=len(scheduler_output.finished_req_ids),
+        idle_after=idle_after,
+    )
+
+
+def step_trace_of(scheduler: Any) -> StepTrace | None:
+    """The scheduler's step trace, opened on its first step when the environment asks for one
+    (a trace that cannot be opened is logged and left off: it must not stop the engine)."""
+    if TRACE_ATTR in scheduler.__dict__:
+        found: StepTrace | None = scheduler.__dict__[TRACE_ATTR]
+        return found
+    try:
+        found = open_trace_from_env()
+    except (OSError, ValueError) as error:
+        LOGGER.warning("tabletune: no step trace (%s)", error)
+        found = None
+    if found is not None:
+        atexit.register(found.flush)
+        LOGGER.info("tabletune: writing a step trace")
+    setattr(scheduler, TRACE_ATTR, found)
+    return found
 
 
 def step_timer_of(scheduler: Any) -> StepTimer:

@@ -1,0 +1,267 @@
+"""Steps one by one, from an engine's step trace (``STEP_TRACE=1``: one line per scheduler step,
+src/tabletune/plugin/step_trace.py) beside an eval_traffic.py run's windows: what a step that
+takes prompts in costs over one that only decodes, whether per prompt or once per such step,
+and how often such steps come in a k's own run (a fixed arm) and in its bursts inside another
+k's run (a daemon window's k with fewer steps than its busiest).
+
+A step's duration is the gap from the line before (the step timer's reading: async scheduling
+runs the next step while this one's results are handled), counted only when the engine ran back
+to back (the line before scheduled tokens and left requests) and at the k of the decoding step
+before it (a switch step is timed apart, as the plugin does). A step takes prompts in when it
+schedules requests new to the engine or more tokens than its decodes and drafts
+(tokens - batch - draft tokens > 0: a prompt's chunk rides along).
+
+    .venv/bin/python bench/gpu/step_trace_report.py RAW.json TRACE.csv.gz \\
+        --out bench/results/step_trace_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import itertools
+import json
+import statistics
+import sys
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tabletune.step_cells import cell_label, cell_of  # noqa: E402
+
+Row = dict[str, Any]
+MIN_STEPS = 100  # a group with fewer timed steps is not summarised
+FIXED_ARMS = {"k0": 0, "k1": 1, "k2": 2, "k3": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A timed step: when its results were ready, what it scheduled, how long it took."""
+
+    time_s: float
+    batch: int
+    k: int
+    prefill_tokens: int  # tokens beyond the decodes and drafts: prompts' chunks less one each
+    new_requests: int
+    seconds: float
+
+    @property
+    def takes_prompts(self) -> bool:
+        return self.new_requests > 0 or self.prefill_tokens > 0
+
+
+def read_trace(text: str) -> list[tuple[float, ...]]:
+    """The trace's lines as numbers, in the header's order."""
+    rows = [row for row in csv.reader(io.StringIO(text)) if row]
+    return [tuple(float(v) for v in row) for row in rows[1:]]
+
+
+def timed_steps(lines: Sequence[tuple[float, ...]]) -> Iterator[Step]:
+    """The steps the step timer would time, each with its duration (see the module's text)."""
+    last_k: int | None = None
+    for before, line in itertools.pairwise(lines):
+        t, batch, k, drafts, tokens, new, _finished, _idle = line
+        ran_back_to_back = before[4] > 0 and not before[7] and tokens > 0
+        if not ran_back_to_back:
+            last_k = None
+            continue
+        if not (k > 0 or new < batch):  # every request new: only prompts (no k applies)
+            continue
+        previous, last_k = last_k, int(k)
+        if previous is not None and previous != k:
+            continue
+        prefill = max(0, int(tokens - batch - drafts))
+        yield Step(t, int(batch), int(k), prefill, int(new), t - before[0])
+
+
+def window_bounds(window: Row) -> tuple[float, float]:
+    return (
+        datetime.fromisoformat(window["started_utc"]).timestamp(),
+        datetime.fromisoformat(window["ended_utc"]).timestamp(),
+    )
+
+
+def steps_by_window(
+    steps: Sequence[Step], windows: Iterable[Row]
+) -> Iterator[tuple[Row, list[Step]]]:
+    """Each window with the steps whose results came inside it."""
+    ordered = sorted(steps, key=lambda s: s.time_s)
+    times = [s.time_s for s in ordered]
+    for window in windows:
+        start, end = window_bounds(window)
+        yield window, ordered[bisect_left(times, start) : bisect_left(times, end)]
+
+
+def load_of(part: str) -> str:
+    return part.rsplit("-", 1)[0]
+
+
+def grouped(
+    steps: Sequence[Step], windows: Iterable[Row]
+) -> dict[tuple[str, str, int, str], list[Step]]:
+    """(load, run or burst, k, batch cell) -> steps. A fixed arm's steps at its k are a run; in
+    a daemon window the cell's busiest k runs and the others are bursts."""
+    groups: dict[tuple[str, str, int, str], list[Step]] = defaultdict(list)
+    for window, inside in steps_by_window(steps, windows):
+        load = load_of(window["part"])
+        arm_k = FIXED_ARMS.get(window["arm"])
+        by_cell: dict[tuple[int, int], list[Step]] = defaultdict(list)
+        for step in inside:
+            by_cell[cell_of(step.batch)].append(step)
+        for cell, cell_steps in by_cell.items():
+            if arm_k is not None:
+                runner = arm_k
+            elif window["part"].endswith("-daemon"):
+                counts: dict[int, int] = defaultdict(int)
+                for step in cell_steps:
+                    counts[step.k] += 1
+                runner = max(counts, key=lambda k: counts[k])
+            else:
+                continue
+            for step in cell_steps:
+                if arm_k is not None and step.k != arm_k:
+                    continue
+                kind = "run" if step.k == runner else "burst"
+                groups[(load, kind, step.k, cell_label(cell))].append(step)
+    return groups
+
+
+def _mean_ms(steps: Sequence[Step]) -> float | None:
+    return round(1e3 * statistics.fmean(s.seconds for s in steps), 3) if steps else None
+
+
+def least_squares(rows: Sequence[Sequence[float]], targets: Sequence[float]) -> list[float] | None:
+    """Coefficients of the linear fit (normal equations); None when they are singular."""
+    a = np.asarray(rows, dtype=float).reshape(len(rows), -1)
+    b = np.asarray(targets, dtype=float)
+    if a.shape[0] <= a.shape[1] or np.linalg.matrix_rank(a) < a.shape[1]:
+        return None
+    return [float(v) for v in np.linalg.lstsq(a, b, rcond=None)[0]]
+
+
+def _named(fit: list[float] | None, names: Sequence[str]) -> Row | None:
+    return None if fit is None else {n: round(v, 3) for n, v in zip(names, fit, strict=True)}
+
+
+def summary(steps: Sequence[Step]) -> Row:
+    """What the steps took: pure decodes against steps taking prompts in, by prompts taken, and
+    fits of the step's milliseconds on (1, takes prompts, new requests) and on (1, takes prompts,
+    prefill tokens / 100): a cost once per such step shows in the second term, one per prompt
+    or per prompt token in the third (new requests and their tokens go together too closely
+    for one fit of both)."""
+    pure = [s for s in steps if not s.takes_prompts]
+    taking = [s for s in steps if s.takes_prompts]
+    by_new: Row = {}
+    for label, chosen in (
+        ("0", [s for s in steps if s.new_requests == 0]),
+        ("1", [s for s in steps if s.new_requests == 1]),
+        ("2", [s for s in steps if s.new_requests == 2]),
+        ("3+", [s for s in steps if s.new_requests >= 3]),
+    ):
+        by_new[label] = {"steps": len(chosen), "mean_ms": _mean_ms(chosen)}
+    millis = [1e3 * s.seconds for s in steps]
+    takes = [float(s.takes_prompts) for s in steps]
+    per_request = least_squares(
+        [(1.0, t, float(s.new_requests)) for t, s in zip(takes, steps, strict=True)], millis
+    )
+    per_token = least_squares(
+        [(1.0, t, s.prefill_tokens / 100) for t, s in zip(takes, steps, strict=True)], millis
+    )
+    pure_ms, taking_ms = _mean_ms(pure), _mean_ms(taking)
+    return {
+        "steps": len(steps),
+        "mean_ms": _mean_ms(steps),
+        "mean_batch": round(statistics.fmean(s.batch for s in steps), 2),
+        "share_taking_prompts": round(len(taking) / len(steps), 4),
+        "new_requests_per_step": round(statistics.fmean(s.new_requests for s in steps), 4),
+        "prefill_tokens_per_step": round(statistics.fmean(s.prefill_tokens for s in steps), 2),
+        "pure_decode_ms": pure_ms,
+        "taking_prompts_ms": taking_ms,
+        "extra_ms_when_taking_prompts": None
+        if pure_ms is None or taking_ms is None
+        else round(taking_ms - pure_ms, 3),
+        "by_new_requests": by_new,
+        "fit_ms_per_request": _named(per_request, ("base", "per_step_taking", "per_new_request")),
+        "fit_ms_per_token": _named(
+            per_token, ("base", "per_step_taking", "per_100_prefill_tokens")
+        ),
+    }
+
+
+def burst_against_run(groups: dict[tuple[str, str, int, str], Row]) -> list[Row]:
+    """Per burst group, its run at the same load, k and cell: the means, and what the run's
+    mean would be from the burst's pure decodes and per-prompt-step cost at the run's share of
+    steps taking prompts (a step-composition correction)."""
+    out: list[Row] = []
+    for (load, kind, k, cell), burst in sorted(groups.items()):
+        run = groups.get((load, "run", k, cell))
+        if kind != "burst" or run is None:
+            continue
+        extra = burst["extra_ms_when_taking_prompts"]
+        pure = burst["pure_decode_ms"]
+        corrected = (
+            None
+            if extra is None or pure is None
+            else round(pure + run["share_taking_prompts"] * extra, 3)
+        )
+        out.append({
+            "load": load, "k": k, "cell": cell,
+            "burst_ms": burst["mean_ms"], "run_ms": run["mean_ms"],
+            "burst_over_run": round(burst["mean_ms"] / run["mean_ms"], 4),
+            "burst_share_taking_prompts": burst["share_taking_prompts"],
+            "run_share_taking_prompts": run["share_taking_prompts"],
+            "burst_pure_ms": pure, "run_pure_ms": run["pure_decode_ms"],
+            "corrected_ms": corrected,
+            "corrected_over_run":
+                None if corrected is None else round(corrected / run["mean_ms"], 4),
+        })  # fmt: skip
+    return out
+
+
+def report(raw: Row, trace_text: str) -> Row:
+    steps = list(timed_steps(read_trace(trace_text)))
+    groups = {
+        key: summary(chosen)
+        for key, chosen in grouped(steps, raw["windows"]).items()
+        if len(chosen) >= MIN_STEPS
+    }
+    return {
+        "meta": {key: raw["meta"].get(key) for key in ("device", "engine_version", "commit")},
+        "timed_steps": len(steps),
+        "groups": [
+            {"load": load, "kind": kind, "k": k, "cell": cell, **row}
+            for (load, kind, k, cell), row in sorted(groups.items())
+        ],
+        "burst_against_run": burst_against_run(groups),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("raw", type=Path, help="eval_traffic.py's raw JSON")
+    parser.add_argument("trace", type=Path, help="the engine core's step trace (.csv or .csv.gz)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/step_trace_h200.json")
+    args = parser.parse_args()
+    raw = json.loads(args.raw.read_text())
+    data = args.trace.read_bytes()
+    text = (gzip.decompress(data) if args.trace.suffix == ".gz" else data).decode("ascii")
+    out = report(raw, text)
+    out["inputs"] = {"raw": args.raw.name, "trace": args.trace.name}
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out["burst_against_run"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
