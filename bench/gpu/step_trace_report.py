@@ -43,6 +43,7 @@ from tabletune.step_cells import cell_label, cell_of  # noqa: E402
 Row = dict[str, Any]
 MIN_STEPS = 100  # a group with fewer timed steps is not summarised
 FIXED_ARMS = {"k0": 0, "k1": 1, "k2": 2, "k3": 3}
+DRAFTS_NEXT = 8  # the trace's column of the drafts a step made for the next
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +68,26 @@ def read_trace(text: str) -> list[tuple[float, ...]]:
     return [tuple(float(v) for v in row) for row in rows[1:]]
 
 
-def timed_steps(lines: Sequence[tuple[float, ...]]) -> Iterator[Step]:
-    """The steps the step timer would time, each with its duration (see the module's text)."""
+def drafts_made(lines: Sequence[tuple[float, ...]]) -> list[int]:
+    """Per line, the drafts its step made for the next: the trace's own column, or in a trace
+    from before it had one, the k the next line verified (the last line: its own k)."""
+    if lines and len(lines[0]) > DRAFTS_NEXT:
+        return [int(line[DRAFTS_NEXT]) for line in lines]
+    ks = [int(line[2]) for line in lines]
+    return ks[1:] + ks[-1:]
+
+
+def timed_steps(lines: Sequence[tuple[float, ...]], *, rule: str = "drafts") -> Iterator[Step]:
+    """The steps the step timer times, each with its duration (see the module's text). By
+    ``rule``: "drafts", the plugin's (a step counts at k when it verified and drafted k);
+    "verified", the plugin's before (a step verifying another k than the decoding step before
+    it is a switch), to show what that read."""
+    if rule not in ("drafts", "verified"):
+        raise ValueError(f"rule must be drafts or verified, got {rule!r}")
+    made = drafts_made(lines)
     last_k: int | None = None
-    for before, line in itertools.pairwise(lines):
-        t, batch, k, drafts, tokens, new, _finished, _idle = line
+    for i, (before, line) in enumerate(itertools.pairwise(lines), start=1):
+        t, batch, k, drafts, tokens, new = line[:6]
         ran_back_to_back = before[4] > 0 and not before[7] and tokens > 0
         if not ran_back_to_back:
             last_k = None
@@ -79,7 +95,8 @@ def timed_steps(lines: Sequence[tuple[float, ...]]) -> Iterator[Step]:
         if not (k > 0 or new < batch):  # every request new: only prompts (no k applies)
             continue
         previous, last_k = last_k, int(k)
-        if previous is not None and previous != k:
+        switch = made[i] != k if rule == "drafts" else previous is not None and previous != k
+        if switch:
             continue
         prefill = max(0, int(tokens - batch - drafts))
         yield Step(t, int(batch), int(k), prefill, int(new), t - before[0])
@@ -229,21 +246,51 @@ def burst_against_run(groups: dict[tuple[str, str, int, str], Row]) -> list[Row]
     return out
 
 
-def report(raw: Row, trace_text: str) -> Row:
-    steps = list(timed_steps(read_trace(trace_text)))
+def by_verified_and_drafted(lines: Sequence[tuple[float, ...]]) -> list[Row]:
+    """Every back-to-back decoding step by its batch cell, the k it verified and the k it
+    drafted for the next step: what the step's time follows (groups of 20 steps or more)."""
+    made = drafts_made(lines)
+    times: dict[tuple[int, int, int], list[float]] = defaultdict(list)  # (cell's low, k, drafted)
+    for i, (before, line) in enumerate(itertools.pairwise(lines), start=1):
+        t, batch, k, _drafts, tokens, new = line[:6]
+        if before[4] > 0 and not before[7] and tokens > 0 and (k > 0 or new < batch):
+            times[(cell_of(int(batch))[0], int(k), made[i])].append(1e3 * (t - before[0]))
+    return [
+        {"cell": cell_label(cell_of(low)), "verified": k, "drafted": drafted, "steps": len(ms),
+         "mean_ms": round(statistics.fmean(ms), 3), "median_ms": round(statistics.median(ms), 3)}
+        for (low, k, drafted), ms in sorted(times.items())
+        if len(ms) >= 20
+    ]  # fmt: skip
+
+
+def by_rule(raw: Row, lines: Sequence[tuple[float, ...]], rule: str) -> Row:
+    steps = list(timed_steps(lines, rule=rule))
     groups = {
         key: summary(chosen)
         for key, chosen in grouped(steps, raw["windows"]).items()
         if len(chosen) >= MIN_STEPS
     }
     return {
-        "meta": {key: raw["meta"].get(key) for key in ("device", "engine_version", "commit")},
         "timed_steps": len(steps),
         "groups": [
             {"load": load, "kind": kind, "k": k, "cell": cell, **row}
             for (load, kind, k, cell), row in sorted(groups.items())
         ],
         "burst_against_run": burst_against_run(groups),
+    }
+
+
+def report(raw: Row, trace_text: str) -> Row:
+    """Steps by what they verified and drafted, and runs and bursts as the plugin counts them
+    (``drafts``) and as it counted them before (``verified``)."""
+    lines = read_trace(trace_text)
+    return {
+        "meta": {
+            key: raw["meta"].get(key) for key in ("device", "engine_version", "commit", "date")
+        },
+        "trace_lines": len(lines),
+        "by_verified_and_drafted": by_verified_and_drafted(lines),
+        "rules": {rule: by_rule(raw, lines, rule) for rule in ("drafts", "verified")},
     }
 
 
@@ -259,7 +306,8 @@ def main() -> int:
     out = report(raw, text)
     out["inputs"] = {"raw": args.raw.name, "trace": args.trace.name}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out["burst_against_run"], indent=1))
+    for rule, found in out["rules"].items():
+        print(rule, json.dumps(found["burst_against_run"], indent=1))
     return 0
 
 

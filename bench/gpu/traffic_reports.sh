@@ -121,6 +121,10 @@ report long_context_b128_56_rounds_blocks \
   eval_traffic_long_context_b128_56_rounds_blocks_h200_20261202T0346Z.json $(logs 20261202T0346Z)
 report shape_change_guard_blocks \
   eval_traffic_shape_change_guard_blocks_h200_20261202T0355Z.json $(logs 20261202T0355Z)
+report decode_heavy_b256_trace_blocks \
+  eval_traffic_decode_heavy_b256_trace_blocks_h200_20261202T0614Z.json $(logs 20261202T0614Z)
+report chat_like_b192_trace_blocks \
+  eval_traffic_chat_like_b192_trace_blocks_h200_20261202T0622Z.json $(logs 20261202T0622Z)
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json

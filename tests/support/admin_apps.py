@@ -121,7 +121,7 @@ def count_steps(timer: StepTimer, *, batch: int, k: int, steps: int) -> None:
     tokens = {f"r{i}": 1 + k for i in range(batch)}
     spec = {f"r{i}": [0] * k for i in range(batch)} if k else {}
     for i in range(steps + 1):
-        timer.on_step(0.01 * i, tokens, sum(tokens.values()), spec, idle_after=False)
+        timer.on_step(0.01 * i, tokens, sum(tokens.values()), spec, idle_after=False, drafts_next=k)
 
 
 @dataclass

@@ -5,7 +5,8 @@ bench/gpu/profile_fast.sh (tests/integration/test_profile_fast_dry_run.py).
 
 A scheduler loop in real time: each step reads the installed lookup (``dynamic_sd_lookup[B]``, a
 list, the plugin's ``StepPolicy`` or its ``NightjarLookup``) for the drafts of the next step (as
-async scheduling does), sleeps T(B, k) for the k its requests verify, and calls its
+async scheduling does), sleeps T(B, k) for that k (a step's time follows the drafts it makes,
+as vLLM's on an H200), and calls its
 ``update_from_output`` (with each request's sampled tokens), wrapped by the plugin's real
 ``wrap_update_from_output``. The HTTP side is the real ``TableTuneEndpoint``
 (admin API, sync loop every ``TABLETUNE_SYNC_INTERVAL_S``) and ``TableTuneMetrics`` over the
@@ -168,18 +169,18 @@ class StandIn:
             self.running += self.waiting
             self.waiting = []
             batch = len(self.running)
-            verify = max((r.drafts for r in self.running), default=0)
             tokens = {str(id(r)): r.prompt if r.drafts < 0 else 1 + r.drafts for r in self.running}
             spec = {str(id(r)): [-1] * r.drafts for r in self.running if r.drafts > 0}
             next_k = self.scheduler.dynamic_sd_lookup[batch]  # read once per step, as vLLM does
-            await asyncio.sleep(step_s(batch, verify))
+            # A step's time follows the drafts it makes (vLLM on an H200, step_timer.py).
+            await asyncio.sleep(step_s(batch, next_k))
             output = SimpleNamespace(
                 num_scheduled_tokens=tokens,
                 total_num_scheduled_tokens=sum(tokens.values()),
                 scheduled_spec_decode_tokens=spec,
                 scheduled_new_reqs=[r for r in self.running if r.drafts < 0],  # prompt's step
                 finished_req_ids=set(),  # vLLM's: those finished in the step before
-                next_k=next_k,
+                num_spec_tokens_to_schedule=next_k,
             )
             # What each request sampled: filled in by finish_step (vLLM's model runner has
             # them before update_from_output; here acceptance is decided there).
@@ -206,7 +207,7 @@ class StandIn:
                     self.draft_tokens.inc(k)
                     self.accepted.inc(accepted)
                     self.count_positions(k)
-            request.drafts = output.next_k
+            request.drafts = output.num_spec_tokens_to_schedule
         self.generation.inc(kept)
         self.iterations.observe(output.total_num_scheduled_tokens)
         for request in [r for r in self.running if r.produced >= r.max_tokens]:

@@ -220,6 +220,16 @@ class SteppingEngine:
         ms *= 1 + self.jitter * (2 * self._random.random() - 1)
         self._step_end = self.now + ms / 1000.0
 
+    def _drafts_next(self) -> int:
+        """The k the next step's drafts will have, as this step ends (before a table that
+        lands between the steps: vLLM's step drafts what the lookup said when it was
+        scheduled)."""
+        table_k = self.k if self.k_at is None else max(0, self.k_at(len(self._in_step)))
+        ks = self._table_ks
+        if len(ks) == ks.maxlen:
+            return ks[1] if len(ks) > 1 else table_k
+        return ks[0] if ks else table_k
+
     def _finish_step(self) -> None:
         tokens = {r.ident: r.prompt if r.drafts < 0 else 1 + r.drafts for r in self._in_step}
         spec = {r.ident: [-1] * r.drafts for r in self._in_step if r.drafts > 0}
@@ -229,8 +239,9 @@ class SteppingEngine:
             request.produced += 1
         self.running = [r for r in self.running if r.produced < r.max_tokens]
         self.timer.on_step(
-            self.now, tokens, sum(tokens.values()), spec, idle_after=not self.running
-        )
+            self.now, tokens, sum(tokens.values()), spec,
+            idle_after=not self.running, drafts_next=self._drafts_next(),
+        )  # fmt: skip
         calls, self._at_step_end = self._at_step_end, []
         for call in calls:  # between this step and the next: they see it counted
             call()

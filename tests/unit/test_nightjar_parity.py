@@ -77,16 +77,23 @@ def test_the_plugin_chooses_and_learns_as_the_emulator_does(
         num_scheduled_tokens={"p": 512},
         total_num_scheduled_tokens=512,
         scheduled_spec_decode_tokens={},
+        num_spec_tokens_to_schedule=0,
     )
     scheduler.update_from_output(prefill, SimpleNamespace(sampled_token_ids=[[]]))
     now = clock[0]
+    # An emulator step's k is the lookup's read for it: the drafts it makes (which its time
+    # follows); in vLLM the step verifies the drafts of the step before.
+    verified = int(steps[0].ks[0])
     for step in steps:
         batch, k = step.batch_size, int(step.ks[0])
         assert bandit[batch] == k  # the scheduler's read: the same choice
         now += float(step.durations_s[0])
         clock[0] = now
         kept = [[0]] * (batch - 1) + [[0] * (step.tokens - batch + 1)]
-        scheduler.update_from_output(output(batch, k), SimpleNamespace(sampled_token_ids=kept))
+        scheduler.update_from_output(
+            output(batch, verified, drafts_next=k), SimpleNamespace(sampled_token_ids=kept)
+        )
+        verified = k
     assert bandit.steps == emulated.steps == len(steps)
     assert bandit.rewarded_steps == emulated.rewarded_steps
     assert [bandit.table_k(b) for b in (6, 7, 40, 120)] == [

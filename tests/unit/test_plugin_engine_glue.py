@@ -36,12 +36,15 @@ class FakeScheduler:
         return self.remaining > 0
 
 
-def output(batch: int, k: int) -> Any:
+def output(batch: int, k: int, drafts_next: int | None = None) -> Any:
+    """A step of ``batch`` requests verifying ``k`` drafts and drafting ``drafts_next`` for the
+    next (None: k, a steady run)."""
     ids = [f"r{i}" for i in range(batch)]
     return SimpleNamespace(
         num_scheduled_tokens=dict.fromkeys(ids, 1 + k),
         total_num_scheduled_tokens=batch * (1 + k),
         scheduled_spec_decode_tokens={i: [-1] * k for i in ids} if k else {},
+        num_spec_tokens_to_schedule=k if drafts_next is None else drafts_next,
     )
 
 
@@ -170,8 +173,8 @@ def test_the_step_cells_utility_answers_the_timers_wire_form(
     shaped = fake_core()
     core.scheduler, core.vllm_config = shaped.scheduler, shaped.vllm_config
     timer = engine.step_timer_of(core.scheduler)
-    timer.on_step(0.0, {"a": 1}, 1, {}, idle_after=False)
-    timer.on_step(0.25, {"a": 1}, 1, {}, idle_after=False)
+    timer.on_step(0.0, {"a": 1}, 1, {}, idle_after=False, drafts_next=0)
+    timer.on_step(0.25, {"a": 1}, 1, {}, idle_after=False, drafts_next=0)
     answer = getattr(core, wire.GET_STEP_CELLS)()
     assert answer == timer.to_wire() and answer["cells"] == [[0, 1, 1, 1.0, 0.25, 0.0625, 1.0, 1.0]]
     # The controller built later switches the same timer.
@@ -190,11 +193,13 @@ def test_the_bandit_learns_from_each_timed_step_its_kept_tokens_per_second(
     scheduler, clock = clocked_scheduler(monkeypatch)
     bandit = NightjarLookup([1, 3], max_num_seqs=256, exploration=0.0)
     scheduler.dynamic_sd_lookup = bandit
-    # k=3 then k=1, each for 3 steps of 20 ms: the first call and the switch teach nothing.
-    for k, kept in ((3, 3), (3, 3), (3, 3), (1, 2), (1, 2), (1, 2)):
-        scheduler.update_from_output(output(8, k), ran(8, kept))
+    # k=3 then k=1, each for 3 steps of 20 ms: the first call and the switch (the third k=3
+    # step, drafting 1) teach nothing.
+    plan = ((3, 3, 3), (3, 3, 3), (3, 1, 3), (1, 1, 2), (1, 1, 2), (1, 1, 2))
+    for k, drafts_next, kept in plan:
+        scheduler.update_from_output(output(8, k, drafts_next), ran(8, kept))
         clock[0] += 0.019
-    assert bandit.rewarded_steps == 4  # steps 2, 3 at k=3; steps 5, 6 at k=1
+    assert bandit.rewarded_steps == 4  # step 2 at k=3; steps 4, 5, 6 at k=1
     assert bandit.table_k(8) == 3  # 24 tokens per 20 ms (reward 1) beat 16 (2/3)
     cells = engine.step_timer_of(scheduler).counter
     assert cells.switch_steps == 1 and sum(t.steps for t in cells.totals().values()) == 4

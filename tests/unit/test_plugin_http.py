@@ -305,8 +305,8 @@ def test_a_malformed_engine_answer_is_logged_and_skipped(
 def test_step_cells_read_through_the_backend_match_the_engines_counter() -> None:
     engine = FakeEngineClient()
     timer = step_timer_of(engine.core.scheduler)
-    timer.on_step(0.0, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False)
-    timer.on_step(0.5, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False)
+    timer.on_step(0.0, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False, drafts_next=1)
+    timer.on_step(0.5, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False, drafts_next=1)
     read = asyncio.run(EngineUtilityBackend(engine.call_utility_async).get_step_cells())
     assert read.cells == timer.counter.totals() and read.started_at == timer.started_at
     assert read.steps_without_decode == 0
@@ -318,14 +318,14 @@ def test_the_step_cells_route_asks_the_engine_not_the_last_sync(
     engine = FakeEngineClient()
     client, registry = make_app(monkeypatch, engine, token=None)  # reads open without a token
     timer = step_timer_of(engine.core.scheduler)
-    timer.on_step(0.0, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False)
-    timer.on_step(0.5, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False)
+    timer.on_step(0.0, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False, drafts_next=1)
+    timer.on_step(0.5, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False, drafts_next=1)
     response = client.get(STEP_CELLS_PATH)
     assert response.status_code == 200, response.text
     assert engine.calls == [(wire.GET_STEP_CELLS, ())]  # no sync ran (interval 0): asked now
     read = StepCellsRead.from_wire(response.json())
     assert read.cells == timer.counter.totals() and read.started_at == timer.started_at
-    timer.on_step(0.7, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False)
+    timer.on_step(0.7, {"a": 2, "b": 2}, 4, {"a": [7], "b": [7]}, idle_after=False, drafts_next=1)
     again = StepCellsRead.from_wire(client.get(STEP_CELLS_PATH).json())
     assert again.cells[(1, 2, 2)].steps == 2  # the step just finished is in
     exported = registry.get_sample_value(

@@ -19,10 +19,15 @@ class Step:
     tokens: dict[str, int]
     spec: dict[str, list[int]] = field(default_factory=dict)
     idle_after: bool = False
+    drafts_next: int | None = None  # None: as many as it verified (a steady step)
 
     @property
     def total(self) -> int:
         return sum(self.tokens.values())
+
+    @property
+    def k(self) -> int:
+        return max(map(len, self.spec.values()), default=0)
 
 
 def decode(batch: int, k: int, *, prefill: int = 0) -> Step:
@@ -37,7 +42,11 @@ def decode(batch: int, k: int, *, prefill: int = 0) -> Step:
 def run(steps: list[tuple[float, Step]], timer: StepTimer | None = None) -> StepTimer:
     timer = timer or StepTimer(started_at=1000.0)
     for now, step in steps:
-        timer.on_step(now, step.tokens, step.total, step.spec, idle_after=step.idle_after)
+        drafts_next = step.k if step.drafts_next is None else step.drafts_next
+        timer.on_step(
+            now, step.tokens, step.total, step.spec,
+            idle_after=step.idle_after, drafts_next=drafts_next,
+        )  # fmt: skip
     return timer
 
 
@@ -45,6 +54,27 @@ def test_back_to_back_steps_count_the_time_since_the_previous_call() -> None:
     timer = run([(0.0, decode(4, 3)), (0.25, decode(4, 3)), (0.75, decode(4, 3))])
     cells = timer.counter.totals()
     assert cells == {cell_key(3, 4): CellTotals(2, 0.75, 0.25**2 + 0.5**2, 32, 8)}
+
+
+def test_a_step_drafting_another_k_than_it_verified_is_a_switch_not_in_a_cell() -> None:
+    # A k=3 burst inside k=0's run, as vLLM's async scheduling runs it (H200, B≈254,
+    # bench/results/step_trace_decode_heavy_h200.json): the step that verifies 0 and drafts 3
+    # takes as long as a k=3 step (40 ms), the one that verifies 3 and drafts 0 near a k=0 one.
+    plan = [(0, 0, 0.014), (0, 0, 0.014), (0, 3, 0.040), (3, 3, 0.040), (3, 3, 0.040),
+            (3, 3, 0.040), (3, 0, 0.016), (0, 0, 0.014), (0, 0, 0.014)]  # fmt: skip
+    steps, now = [], 0.0
+    for verified, drafted, seconds in plan:
+        now += seconds
+        step = decode(250, verified)
+        step.drafts_next = drafted
+        steps.append((now, step))
+    timer = run(steps)
+    cells = timer.counter.totals()
+    assert cells[cell_key(0, 250)].seconds == pytest.approx(3 * 0.014)  # not the 40-ms step
+    assert cells[cell_key(3, 250)].steps == 3
+    assert cells[cell_key(3, 250)].seconds == pytest.approx(3 * 0.040)  # nor the 16-ms one
+    assert timer.counter.switch_steps == 2
+    assert timer.counter.switch_seconds == pytest.approx(0.040 + 0.016)
 
 
 def test_k_is_the_longest_scheduled_draft_list_not_the_lookup() -> None:
@@ -123,6 +153,7 @@ steps_strategy = st.lists(
         st.lists(st.integers(min_value=1, max_value=40), max_size=20),  # tokens per request
         st.lists(st.integers(min_value=0, max_value=4), max_size=20),  # drafts per request
         st.booleans(),  # idle after
+        st.one_of(st.none(), st.integers(min_value=0, max_value=4)),  # drafts made (None: k)
     ),
     max_size=40,
 )
@@ -133,28 +164,27 @@ def test_counts_match_a_plain_reading_of_every_step(raw: list[tuple]) -> None:
     timer = StepTimer(started_at=0.0)
     expected: dict[tuple[int, int, int], list[float]] = {}
     expected_without = expected_switches = 0
-    now, last, last_k = 0.0, None, None
-    for gap, tokens, drafts, idle_after in raw:
+    now, last = 0.0, None
+    for gap, tokens, drafts, idle_after, made in raw:
         now += gap
         scheduled = {f"r{i}": n for i, n in enumerate(tokens)}
         spec = {f"r{i}": [0] * d for i, d in enumerate(drafts[: len(tokens)]) if d}
-        timer.on_step(now, scheduled, sum(tokens), spec, idle_after=idle_after)
+        k = max((len(v) for v in spec.values()), default=0)
+        drafts_next = k if made is None else made
+        timer.on_step(
+            now, scheduled, sum(tokens), spec, idle_after=idle_after, drafts_next=drafts_next
+        )
         if last is not None and tokens:
-            k = max((len(v) for v in spec.values()), default=0)
             if not (k > 0 or any(n == 1 for n in tokens)):
                 expected_without += 1
-            elif last_k is not None and k != last_k:
-                expected_switches += 1  # the first step at another k: counted apart
-                last_k = k
+            elif drafts_next != k:
+                expected_switches += 1  # it drafted another k than it verified: apart
             else:
                 sums = expected.setdefault(cell_key(k, len(tokens)), [0, 0, 0, 0])
                 sums[0] += 1
                 sums[1] += now - last
                 sums[2] += sum(tokens)
                 sums[3] += len(tokens)
-                last_k = k
-        else:
-            last_k = None
         last = None if (not tokens or idle_after) else now
     got = timer.counter.totals()
     assert set(got) == set(expected)
@@ -171,11 +201,15 @@ def test_the_steps_it_hands_back_are_exactly_those_in_the_cells(raw: list[tuple]
     timer = StepTimer(started_at=0.0)
     handed: dict[tuple[int, int, int], list[float]] = {}
     now = 0.0
-    for gap, tokens, drafts, idle_after in raw:
+    for gap, tokens, drafts, idle_after, made in raw:
         now += gap
         scheduled = {f"r{i}": n for i, n in enumerate(tokens)}
         spec = {f"r{i}": [0] * d for i, d in enumerate(drafts[: len(tokens)]) if d}
-        timed = timer.on_step(now, scheduled, sum(tokens), spec, idle_after=idle_after)
+        k = max((len(v) for v in spec.values()), default=0)
+        timed = timer.on_step(
+            now, scheduled, sum(tokens), spec,
+            idle_after=idle_after, drafts_next=k if made is None else made,
+        )  # fmt: skip
         if timed is not None:
             assert timed.batch_size == len(tokens)
             assert timed.k == max((len(v) for v in spec.values()), default=0)

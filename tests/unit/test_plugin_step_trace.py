@@ -29,9 +29,10 @@ def test_a_line_says_what_the_step_scheduled() -> None:
     scheduled = {"a": 4, "b": 3, "c": 57}  # a at k=3, b at k=2, c a prompt's chunk
     spec = {"a": [1, 2, 3], "b": [1, 2]}
     line = trace_line(
-        12.5, scheduled, 64, spec, new_requests=1, finished_requests=2, idle_after=False
-    )
-    assert line == "12.500000,3,3,5,64,1,2,0\n"
+        12.5, scheduled, 64, spec,
+        new_requests=1, finished_requests=2, idle_after=False, drafts_next=1,
+    )  # fmt: skip
+    assert line == "12.500000,3,3,5,64,1,2,0,1\n"
     fields = HEADER.strip().split(",")
     assert dict(zip(fields, line.strip().split(","), strict=True))["draft_tokens"] == "5"
 
@@ -48,12 +49,13 @@ def test_every_line_has_the_headers_fields_and_k_is_the_longest_draft(
     spec = {f"r{i}": [0] * d for i, d in enumerate(drafts) if d}
     line = trace_line(
         1.0, scheduled, sum(scheduled.values()), spec,
-        new_requests=new, finished_requests=0, idle_after=idle,
+        new_requests=new, finished_requests=0, idle_after=idle, drafts_next=2,
     )  # fmt: skip
     values = line.rstrip("\n").split(",")
     assert line.endswith("\n") and len(values) == len(HEADER.split(","))
     assert int(values[1]) == len(drafts) and int(values[2]) == max(drafts, default=0)
     assert int(values[3]) == sum(drafts) and int(values[7]) == int(idle)
+    assert int(values[8]) == 2
 
 
 def test_lines_are_buffered_and_flushed_every_so_many() -> None:
@@ -95,6 +97,7 @@ def traced_output(batch: int, k: int, *, new: int) -> Any:
         scheduled_spec_decode_tokens={i: [-1] * k for i in ids} if k else {},
         scheduled_new_reqs=[object()] * new,
         finished_req_ids=set(),
+        num_spec_tokens_to_schedule=k,
     )
 
 
@@ -113,6 +116,7 @@ def test_the_engine_writes_a_line_per_step_when_asked(
     lines = Path(trace_path(str(tmp_path / "t"), os.getpid())).read_text().splitlines()
     assert lines[0] == HEADER.strip() and len(lines) == 4
     assert [line.split(",")[5] for line in lines[1:]] == ["0", "2", "0"]
+    assert {line.split(",")[8] for line in lines[1:]} == {"2"}
     assert scheduler.calls == 3
 
 

@@ -154,7 +154,7 @@ class StepCellsRead:
     cells: dict[CellKey, CellTotals]
     steps_without_decode: float
     started_at: float  # wall time the engine's counts start from
-    switch_steps: float = 0.0  # first steps at a new k, kept out of the cells
+    switch_steps: float = 0.0  # steps drafting another k than they verified: not in the cells
     switch_seconds: float = 0.0
 
     def to_wire(self) -> dict[str, Any]:

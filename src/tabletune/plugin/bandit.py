@@ -10,7 +10,7 @@ baseline are one piece of code.
 Feedback comes from whoever times the steps (the plugin's ``StepTimer``, the emulator's step
 cells): ``learn`` is called for each step that went into its step-time cell, with the tokens the
 step kept and its duration. Steps that did not (the first step, one after an idle gap, a
-prefill-only step, the first step at a new k) teach nothing, by the timer's own rules.
+prefill-only step, one drafting another k than it verified) teach nothing, by the timer's own rules.
 """
 
 from __future__ import annotations

@@ -128,6 +128,7 @@ def wrap_update_from_output(original: UpdateFromOutput) -> UpdateFromOutput:
             scheduler_output.total_num_scheduled_tokens,
             scheduler_output.scheduled_spec_decode_tokens,
             idle_after=idle_after,
+            drafts_next=scheduler_output.num_spec_tokens_to_schedule,
         )
         lookup = self.dynamic_sd_lookup
         if timed is not None and isinstance(lookup, NightjarLookup):
@@ -155,6 +156,7 @@ def step_line(wall_s: float, scheduler_output: Any, *, idle_after: bool) -> str:
         new_requests=len(scheduler_output.scheduled_new_reqs),
         finished_requests=len(scheduler_output.finished_req_ids),
         idle_after=idle_after,
+        drafts_next=scheduler_output.num_spec_tokens_to_schedule,
     )
 
 

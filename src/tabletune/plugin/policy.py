@@ -71,8 +71,9 @@ class StepPolicy:
       exploration step starts a burst of ``neighbour_burst`` steps at an allowed k next to the
       table's k, alternating next-lower and next-higher (the one that exists where there is
       one), so the live step time of the k the table does not use keeps being measured next to
-      the one it does. A burst rather than one step: the first step at a new k is not what
-      running at it costs (the step timer counts it apart), the next ones are.
+      the one it does. A burst rather than one step: a step drafting another k than it verified
+      (the one before the burst, and its last) is not what running at either costs (the step
+      timer counts it apart); the burst's other steps are.
     - Hysteresis (h > 0): keep the k of the previous step while the batch size is within h of a
       batch size where the table uses that k, so a load hovering at an edge does not flip k.
 

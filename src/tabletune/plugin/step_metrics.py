@@ -30,7 +30,7 @@ class EngineSteps:
     cells: StepCells
     steps_without_decode: float
     created: float  # wall time the engine started (counters count from there)
-    switch_steps: float = 0.0  # first steps at a new k (not in the cells)
+    switch_steps: float = 0.0  # steps drafting another k than they verified (not in the cells)
     switch_seconds: float = 0.0
 
 
@@ -58,7 +58,7 @@ def step_cell_families(engines: Iterable[EngineSteps]) -> list[CounterMetricFami
     )
     switches = CounterMetricFamily(
         names.TT_SWITCH_STEPS,
-        "Decoding steps at another draft length than the step before (not in the cells).",
+        "Decoding steps that drafted another length than they verified (not in the cells).",
         labels=ENGINE_LABELS,
     )
     switch_seconds = CounterMetricFamily(

@@ -8,8 +8,9 @@ were ready (``time.time()``, so lines line up with an evaluation's UTC windows; 
 duration is the gap to the line before it, as the timer counts it), the batch size, the k its
 drafts ran, the draft tokens scheduled, all scheduled tokens, the requests new to the engine
 (``scheduled_new_reqs``: their first prefill chunk), the requests that finished, and whether
-the scheduler was left idle. Writes are buffered (a line is a few microseconds of the engine
-thread); the last lines before a hard kill may be lost.
+the scheduler was left idle, and the drafts it made for the next step (the lookup's k when it
+was scheduled: what its time follows most, step_timer.py). Writes are buffered (a line is a
+few microseconds of the engine thread); the last lines before a hard kill may be lost.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 TRACE_ENV = "TABLETUNE_STEP_TRACE"
-HEADER = "time_s,batch,k,draft_tokens,tokens,new_requests,finished_requests,idle_after\n"
+HEADER = (
+    "time_s,batch,k,draft_tokens,tokens,new_requests,finished_requests,idle_after,drafts_next\n"
+)
 FLUSH_EVERY = 256
 
 
@@ -32,13 +35,14 @@ def trace_line(
     new_requests: int,
     finished_requests: int,
     idle_after: bool,
+    drafts_next: int,
 ) -> str:
     """One step's CSV line (``HEADER``'s fields, newline-terminated)."""
     drafts = list(map(len, spec_tokens.values()))
     k = max(drafts) if drafts else 0
     return (
         f"{wall_s:.6f},{len(num_scheduled_tokens)},{k},{sum(drafts)},{total_tokens},"
-        f"{new_requests},{finished_requests},{int(idle_after)}\n"
+        f"{new_requests},{finished_requests},{int(idle_after)},{drafts_next}\n"
     )
 
 

@@ -6,11 +6,11 @@ more to go up; fresh ones when contexts would grow past the cap), wait for a win
 that is B requests decoding and nothing else, then for each repeat and each k (the k order
 rotated per repeat) set "k at every batch size" and read the increase of the cell of (B, k)
 over the next window of ``window_steps`` steps. A window is one sample: its steps' mean
-duration. The first step at a new k is counted apart by the plugin (a switch step), so no
-window holds one; a window that is not exactly B requests decoding at k (a request ended,
-prefill rode along) is taken again with fresh requests. A cell costs tens of steps, not a
-prefill of B prompts per sample. Suspicious cells are re-measured and flagged as with the
-request method.
+duration. The step that drafts the new k while verifying the old is counted apart by the
+plugin (a switch step), so no window holds one; a window that is not exactly B requests
+decoding at k (a request ended, prefill rode along) is taken again with fresh requests. A
+cell costs tens of steps, not a prefill of B prompts per sample. Suspicious cells are
+re-measured and flagged as with the request method.
 
 Readings come through the admin API's step-cells route where the server has it: the engine's
 totals as of its last finished step, so waits are planned from step times (a window is read

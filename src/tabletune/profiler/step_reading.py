@@ -2,12 +2,12 @@
 
 The engine core counts every step that decodes into its cell (k = the drafts it verified,
 batch cell of B = its scheduled requests): steps, seconds, seconds squared, scheduled tokens,
-scheduled requests (``tabletune.step_cells``); the first step at a new k goes to the switch
-counters instead, prefill-only steps to ``steps_without_decode``. The HTTP side exports the
-engine's totals as of its last sync. Two readings give the increase over the steps between
-their syncs; ``window_problem`` says whether that increase is exactly the steps wanted: B
-requests decoding at k and nothing else (or, under a prefill stream, B requests decoding with
-prefill of other requests riding along).
+scheduled requests (``tabletune.step_cells``); a step drafting another k than it verified (the
+last before a new k) goes to the switch counters instead, prefill-only steps to
+``steps_without_decode``. The HTTP side exports the engine's totals as of its last sync. Two
+readings give the increase over the steps between their syncs; ``window_problem`` says whether
+that increase is exactly the steps wanted: B requests decoding at k and nothing else (or,
+under a prefill stream, B requests decoding with prefill of other requests riding along).
 """
 
 from __future__ import annotations

@@ -11,7 +11,11 @@ step-time cell, as the plugin's step timer hands them over), or from any
 Step time is the profile's T(B, k) (the truth is the profile), or, with a serving model, what
 ``tabletune.sim.serving`` makes of it under the traffic shape of the time: prefill riding along,
 CUDA-graph misses above the capture limit, context cost (the truth is then that model, and the
-profile the daemon is given is deliberately wrong).
+profile the daemon is given is deliberately wrong). A step's time is that of the k it reads,
+the drafts it makes (vLLM's step time follows those, not the drafts it verifies, which the
+step before made: ``tabletune.plugin.step_timer``); so a step at another k than the step before
+drafted another k than it verified, and is counted apart from the cells, as the plugin's
+switch steps are.
 
 Steps that share (B, a, shape) run as one batch: the k sequence is read step by step (cheap),
 per-step prefill is drawn as vectors, then the accepted counts of all n*B drafts of one k are ONE
@@ -68,7 +72,8 @@ class Counters:
     cells: dict[CellKey, np.ndarray] = field(default_factory=dict)
     # Every emulated step decodes (B >= 1 requests; prefill rides along): always 0.
     steps_without_decode: int = 0
-    # Steps at another k than the step before, kept out of the cells as the plugin does.
+    # Steps at another k than the step before (they drafted another k than they verified),
+    # kept out of the cells as the plugin does.
     switch_steps: int = 0
     switch_seconds: float = 0.0
     last_k: int | None = None

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Regenerates the committed step-trace reports (bench/results/step_trace_*_h200.json) from the
+# raw runs and engine step traces kept under bench/results/gpu_raw/ (STEP_TRACE=1 launches of
+# bench/gpu/eval_traffic.sh), with this checkout's step_trace_report.py.
+#     bash bench/gpu/step_trace_reports.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-.venv/bin/python}
+RAW=bench/results/gpu_raw
+
+trace_report() {  # NAME RAW-FILE STAMP: step_trace_NAME_h200.json
+  "$PY" bench/gpu/step_trace_report.py "$RAW/$2" "$RAW/step_trace_h200_$3.csv.gz" \
+    --out "bench/results/step_trace_$1_h200.json" >/dev/null
+  echo "bench/results/step_trace_$1_h200.json"
+}
+
+trace_report decode_heavy eval_traffic_decode_heavy_b256_trace_blocks_h200_20261202T0614Z.json \
+  20261202T0614Z
+trace_report chat_like eval_traffic_chat_like_b192_trace_blocks_h200_20261202T0622Z.json \
+  20261202T0622Z
