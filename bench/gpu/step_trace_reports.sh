@@ -18,3 +18,6 @@ trace_report decode_heavy eval_traffic_decode_heavy_b256_trace_blocks_h200_20261
   20261202T0614Z
 trace_report chat_like eval_traffic_chat_like_b192_trace_blocks_h200_20261202T0622Z.json \
   20261202T0622Z
+# The plugin counting by the drafts made (82db989), decode-heavy B≈256 again.
+trace_report decode_heavy_drafts_rule \
+  eval_traffic_decode_heavy_b256_drafts_rule_blocks_h200_20261202T0640Z.json 20261202T0640Z

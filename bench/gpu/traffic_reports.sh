@@ -125,6 +125,8 @@ report decode_heavy_b256_trace_blocks \
   eval_traffic_decode_heavy_b256_trace_blocks_h200_20261202T0614Z.json $(logs 20261202T0614Z)
 report chat_like_b192_trace_blocks \
   eval_traffic_chat_like_b192_trace_blocks_h200_20261202T0622Z.json $(logs 20261202T0622Z)
+report decode_heavy_b256_drafts_rule_blocks \
+  eval_traffic_decode_heavy_b256_drafts_rule_blocks_h200_20261202T0640Z.json $(logs 20261202T0640Z)
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json

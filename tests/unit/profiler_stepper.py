@@ -4,7 +4,7 @@ It is both the measurer's engine (``set_k_everywhere``, ``step_reading``) and it
 (``send``, ``stop_all``, a prefill stream). Steps run back to back while the test "sleeps": each
 step schedules every running request (a new one prefills its prompt, the others verify the
 drafts proposed at the previous step's end, which is when the table is read, as with async
-scheduling), lasts ``step_ms(B, k)`` plus a prefill cost, and is handed to the plugin's real
+scheduling: with no steps queued, as that step ended, before the calls answered after it), lasts ``step_ms(B, k)`` plus a prefill cost, and is handed to the plugin's real
 ``StepTimer``; its totals are published every ``sync_s`` (the HTTP side's sync), which is all
 ``step_reading`` sees through /metrics (an older plugin), or, with ``fresh``, read as of the last
 finished step (the admin API's step-cells route asks the engine). Every guess is rejected: one
@@ -220,15 +220,18 @@ class SteppingEngine:
         ms *= 1 + self.jitter * (2 * self._random.random() - 1)
         self._step_end = self.now + ms / 1000.0
 
-    def _drafts_next(self) -> int:
-        """The k the next step's drafts will have, as this step ends (before a table that
-        lands between the steps: vLLM's step drafts what the lookup said when it was
-        scheduled)."""
-        table_k = self.k if self.k_at is None else max(0, self.k_at(len(self._in_step)))
+    def _table_k(self) -> int:
+        return self.k if self.k_at is None else max(0, self.k_at(len(self._in_step)))
+
+    def _drafts_next(self, table_k: int) -> int:
+        """The k of the drafts this step made, ``table_k`` the table's now: with no steps
+        queued, the table's as the step ends, before the calls between the steps (vLLM's step
+        drafts what the lookup said when it was scheduled: a k landing after it is read by the
+        next step first); with some, the table's of ``queued_steps`` step ends ago."""
         ks = self._table_ks
-        if len(ks) == ks.maxlen:
-            return ks[1] if len(ks) > 1 else table_k
-        return ks[0] if ks else table_k
+        if self.queued_steps == 0 or not ks:
+            return table_k
+        return ks[1] if len(ks) == ks.maxlen else ks[0]
 
     def _finish_step(self) -> None:
         tokens = {r.ident: r.prompt if r.drafts < 0 else 1 + r.drafts for r in self._in_step}
@@ -238,17 +241,18 @@ class SteppingEngine:
         for request in self._in_step:
             request.produced += 1
         self.running = [r for r in self.running if r.produced < r.max_tokens]
+        drafted = self._drafts_next(self._table_k())
         self.timer.on_step(
             self.now, tokens, sum(tokens.values()), spec,
-            idle_after=not self.running, drafts_next=self._drafts_next(),
+            idle_after=not self.running, drafts_next=drafted,
         )  # fmt: skip
         calls, self._at_step_end = self._at_step_end, []
         for call in calls:  # between this step and the next: they see it counted
             call()
-        table_k = self.k if self.k_at is None else max(0, self.k_at(len(self._in_step)))
-        self._table_ks.append(table_k)
-        for request in self._in_step:  # the drafter proposes the table's k of queued_steps ago
-            request.drafts = self._table_ks[0]
+        self._table_ks.append(self._table_k())
+        # The drafter proposes the table's k of queued_steps ago (none queued: as it ended).
+        for request in self._in_step:
+            request.drafts = drafted if self.queued_steps == 0 else self._table_ks[0]
         if self.on_step is not None:
             self.on_step(self)
         self._start_step()

@@ -5,8 +5,8 @@ writes one CSV line per scheduler step to ``<prefix>.<pid>.csv``.
 
 A line holds what ``StepTimer`` reads and what it does not: the wall time the step's results
 were ready (``time.time()``, so lines line up with an evaluation's UTC windows; a step's
-duration is the gap to the line before it, as the timer counts it), the batch size, the k its
-drafts ran, the draft tokens scheduled, all scheduled tokens, the requests new to the engine
+duration is the gap to the line before it, as the timer counts it), the batch size, the k it
+verified, the draft tokens scheduled, all scheduled tokens, the requests new to the engine
 (``scheduled_new_reqs``: their first prefill chunk), the requests that finished, and whether
 the scheduler was left idle, and the drafts it made for the next step (the lookup's k when it
 was scheduled: what its time follows most, step_timer.py). Writes are buffered (a line is a

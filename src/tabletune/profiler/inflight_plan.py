@@ -20,9 +20,10 @@ from tabletune.step_cells import CellTotals
 
 OUTPUT_MARGIN = 64
 """output tokens beyond max_context: a request outlives the step its context passes the cap"""
-SWITCH_TAIL_STEPS = 2
-"""steps between setting k and the first one counted at it: one more at the old k (its drafts
-were proposed before the switch landed) and the first at the new k (a switch step, apart)"""
+SWITCH_TAIL_STEPS = 1
+"""steps between setting k and the first one counted at it: the one that drafts the new k while
+verifying the old (a switch step, apart; the plugin left out the first step verifying the new k
+instead until 2026-12-02, and this was 2)"""
 
 
 def k_orders(ks: Sequence[int], repeats: int) -> list[tuple[int, ...]]:
