@@ -4,11 +4,12 @@ It is both the measurer's engine (``set_k_everywhere``, ``step_reading``) and it
 (``send``, ``stop_all``, a prefill stream). Steps run back to back while the test "sleeps": each
 step schedules every running request (a new one prefills its prompt, the others verify the
 drafts proposed at the previous step's end, which is when the table is read, as with async
-scheduling: with no steps queued, as that step ended, before the calls answered after it), lasts ``step_ms(B, k)`` plus a prefill cost, and is handed to the plugin's real
-``StepTimer``; its totals are published every ``sync_s`` (the HTTP side's sync), which is all
-``step_reading`` sees through /metrics (an older plugin), or, with ``fresh``, read as of the last
-finished step (the admin API's step-cells route asks the engine). Every guess is rejected: one
-token per request per step.
+scheduling: with no steps queued, as that step ended, before the calls answered after it), lasts
+``step_ms(B, k)`` plus a prefill cost, and is handed to the plugin's real ``StepTimer``; its
+totals are published every ``sync_s`` (the HTTP side's sync), which is all ``step_reading`` sees
+through /metrics (an older plugin), or, with ``fresh``, read as of the last finished step (the
+admin API's step-cells route asks the engine). Every guess is rejected: one token per request
+per step.
 
 With ``between_steps`` every call (a read, a k switch, a conditional switch) is answered as
 vLLM's engine core runs utility calls: between two steps, so one that arrives while a step runs

@@ -17,14 +17,14 @@ What a step is (read from ``SchedulerOutput``, no loop over requests in Python):
 A step's time follows the drafts it makes more than those it verifies: while step N runs, the
 drafter proposes step N+1's drafts, as many as the lookup said when N was scheduled
 (``SchedulerOutput.num_spec_tokens_to_schedule``). On an H200 at B≈254 a step verifying k=0 and
-drafting 3 took 40.5 ms, as a k=3 step of a k=3 run (40.7), and one verifying 3 and drafting 0
-took 15.8 ms, near a k=0 step (13.6) (bench/results/step_trace_decode_heavy_h200.json). So a decoding step
-counts in the cell of k only when it drafts k for the next step too: a step that drafts another
-k than it verified (a switch step) is counted apart, so the cells hold what running at a k
-costs. Counting the first step verifying a new k apart instead, as this did before, filed the
-step before a neighbour burst (verify the running k, draft the burst's) in the running k's
-cell and the burst's last step (draft the running k again) in the burst's: at B≈254 a k=3
-burst then read 16 % faster than k=3 ran, and k=0's own cell slower than it ran.
+drafting 3 took 40.9 ms, as a k=3 step of a k=3 run (41.6), and one verifying 3 and drafting 0
+took 16.0 ms, near a k=0 step (14.0) (bench/results/step_trace_decode_heavy_h200.json). So a
+decoding step counts in the cell of k only when it drafts k for the next step too: a step that
+drafts another k than it verified (a switch step) is counted apart, so the cells hold what
+running at a k costs. Counting the first step verifying a new k apart instead, as this did
+before, filed the step before a neighbour burst (verify the running k, draft the burst's) in the
+running k's cell and the burst's last step (draft the running k again) in the burst's: at B≈254
+a k=3 burst then read 16 % faster than k=3 ran, and k=0's own cell slower than it ran.
 """
 
 from __future__ import annotations
