@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from live_daemon_report import trial_at_stop
+from live_daemon_report import notable_log_lines, trial_at_stop
 from live_step_time import (  # this script's folder is first on sys.path
     SETTINGS_PATH,
     STATIC,
@@ -151,6 +151,8 @@ class Run(StepTimeRun):
         view = await self.server.view()
         lines = log_path.read_text().splitlines()
         self.result.setdefault("daemon_log_tails", {})[part] = lines[-60:]
+        # A 200-s part's pushes and rollbacks are long out of the tail: what it did, whole.
+        self.result.setdefault("daemon_log_events", {})[part] = notable_log_lines(lines)
         # Stopped inside a trial, the engine keeps the trial's table: the daemon's own is the
         # one the trial replaced (a trial lasts seconds; its cost shows in the part's windows).
         trial = trial_at_stop(lines)

@@ -4,7 +4,8 @@ What it reports:
 - fixed-k references (tokens/s per window, mean, spread), in the fixed-k part and again after
   the daemon part, rotated with the daemon's last table;
 - neighbour bursts: the mean step time of the k=2 steps measured inside bursts on a k=3 table
-  against the fixed k=2 arms' (the plugin leaves each burst's first step out of the cells);
+  against the fixed k=2 arms' (the plugin leaves the step before each burst and its last out of
+  the cells: they draft another k than they verify);
 - the daemon part: tokens/s per window and the table it ran, and its loss against the best
   fixed k measured in the same rotation;
 - a replay: the step cells the daemon part recorded, fed window by window into this
@@ -43,6 +44,36 @@ def spread(values: list[float]) -> Row:
     mean = statistics.fmean(values)
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return {"tokens_per_s": values, "mean": mean, "stdev": sd, "cv": sd / mean if mean else None}
+
+
+QUIET_EVENTS = {"push held after a rollback"}  # logged every cycle the hold lasts
+NOTABLE_LINES = 400
+
+
+def notable_log_lines(log_lines: list[str], *, limit: int = NOTABLE_LINES) -> list[str]:
+    """The daemon log's lines that say what it did, for a part longer than its tail holds: every
+    line but a cycle that changed nothing and the repeats of a hold (the first of each run of
+    them kept), the last ``limit`` of them. A line that is not JSON is kept (it may be an
+    error)."""
+    kept: list[str] = []
+    last_event = None
+    for line in log_lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            kept.append(line)
+            last_event = None
+            continue
+        event = record.get("event") if isinstance(record, dict) else None
+        quiet_cycle = event == "cycle done" and not any(
+            record.get(key) for key in ("pushed", "failed", "rolled_back", "forgotten", "problems")
+        )
+        repeat = event in QUIET_EVENTS and event == last_event
+        if not quiet_cycle and not repeat:
+            kept.append(line)
+        if not quiet_cycle:
+            last_event = event
+    return kept[-limit:]
 
 
 def trial_at_stop(log_lines: list[str]) -> Row | None:

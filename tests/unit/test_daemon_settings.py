@@ -159,6 +159,8 @@ def test_lists_are_comma_separated() -> None:
         ("TABLETUNE_ADMIN__RETRY_BACKOFFS_S", "1,x", "valid number"),
         ("TABLETUNE_GUARD__ENABLED", "perhaps", "boolean"),
         ("TABLETUNE_SERVER__PORT", "70000", "less than or equal"),
+        # a burst of one step is all switch steps: the plugin would time none of it
+        ("TABLETUNE_PLUGIN__NEIGHBOUR_BURST", "1", "greater than or equal to 2"),
     ],
 )
 def test_bad_values_name_the_variable(variable: str, value: str, words: str) -> None:

@@ -100,3 +100,26 @@ def test_the_replay_may_take_every_k_the_engine_captured_not_only_the_daemons_st
     raw["meta"]["starting_table"] = [[1, 1, 0], [2, 2, 1], [3, 3, 2], [4, 256, 3]]
     replayed = report.replay(raw, rates=(0.75, 0.55, 0.40), load=126)
     assert replayed[-1]["k_at_load"] == 2
+
+
+def test_notable_log_lines_keep_what_the_daemon_did_and_drop_quiet_cycles(
+    report: ModuleType,
+) -> None:
+    import json
+
+    def line(event: str, **fields: Any) -> str:
+        return json.dumps({"event": event, **fields})
+
+    quiet = line("cycle done", pushed=[], failed=[], rolled_back=[], forgotten=[], problems={})
+    pushed = line("cycle done", pushed=["http://a"], failed=[], rolled_back=[])
+    held = line("push held after a rollback", for_s=800)
+    lines = [quiet, pushed, quiet, line("table rolled back"), held, quiet, held, held, "Traceback"]
+    lines += [quiet, held, line("plugin settings set", neighbour_interval=128)]
+    assert report.notable_log_lines(lines) == [
+        pushed, line("table rolled back"), held, "Traceback", held,
+        line("plugin settings set", neighbour_interval=128),
+    ]  # fmt: skip
+    assert (
+        report.notable_log_lines(lines, limit=2) == lines[-2:]
+        and report.notable_log_lines([]) == []
+    )

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletune.plugin.bandit import NightjarLookup
+from tabletune.plugin.step_timer import StepTimer
 from tabletune.schemas import Profile, load_profile
 from tabletune.sim.build import build_engine, start_engine_side
 from tabletune.sim.engine import EngineSim, SimError, StepBatch
@@ -282,6 +283,40 @@ def test_step_cells_add_up_to_the_steps_run(profile: Profile, serving: Any) -> N
         mine = keep & (ks == k) & (batch >= low) & (batch <= high)
         assert totals.steps == int(mine.sum())
         assert totals.requests == int(batch[mine].sum())
+    # The plugin's own timer, handed the same steps as vLLM hands them (a step verifies the
+    # drafts the step before made, the k that step read; it drafts the k it read), counts the
+    # same cells and switch steps.
+    timer = replayed_through_the_plugin(ks, durations, tokens, batch)
+    assert timer.counter.switch_steps == c.switch_steps
+    assert timer.counter.switch_seconds == pytest.approx(c.switch_seconds)
+    plugin_cells = timer.counter.totals()
+    assert plugin_cells.keys() == cells.keys()
+    for key, totals in cells.items():
+        mine = plugin_cells[key]
+        assert (mine.steps, mine.tokens, mine.requests) == (
+            totals.steps, totals.tokens, totals.requests,
+        )  # fmt: skip
+        assert mine.seconds == pytest.approx(totals.seconds)
+
+
+def replayed_through_the_plugin(
+    ks: np.ndarray, durations: np.ndarray, tokens: np.ndarray, batch: np.ndarray
+) -> StepTimer:
+    """The emulator's steps through the plugin's ``StepTimer``: a prefill-only call first (the
+    timer's first call only starts its clock, the emulator times its first step), then each
+    step with the drafts it verified (the k the step before read) and made (its own k)."""
+    timer = StepTimer(started_at=0.0)
+    timer.on_step(0.0, {"p": 64}, 64, {}, idle_after=False, drafts_next=int(ks[0]))
+    now, verified = 0.0, int(ks[0])
+    for k, seconds, total, size in zip(ks, durations, tokens, batch, strict=True):
+        now += float(seconds)
+        decodes = {f"r{i}": 1 + verified for i in range(int(size) - 1)}
+        last = max(1 + verified, int(total) - sum(decodes.values()))  # prefill rides on one
+        scheduled = decodes | {"last": last}
+        spec = {r: [-1] * verified for r in scheduled} if verified else {}
+        timer.on_step(now, scheduled, int(total), spec, idle_after=False, drafts_next=int(k))
+        verified = int(k)
+    return timer
 
 
 def test_without_serving_the_truth_is_the_profile(profile: Profile) -> None:

@@ -318,8 +318,14 @@ class PluginSettings(_Group):
         ge=0,
         description="plugin: a burst at a k next to the table's every N steps (live step time)",
     )
+    # At least 2: the step drafting the burst's k and the one drafting the table's k again
+    # are switch steps (the plugin's cells leave them out), so a burst of 1 times nothing.
     neighbour_burst: int = Field(
-        default=4, ge=1, description="plugin: steps per neighbour burst (the first is not timed)"
+        default=4,
+        ge=2,
+        description=(
+            "plugin: steps per neighbour burst (its last, and the step before it, are not timed)"
+        ),
     )
     neighbour_recheck_interval: int = Field(
         default=128,
