@@ -7,6 +7,7 @@ import threading
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -392,6 +393,32 @@ def test_a_replica_on_another_tensor_parallel_size_than_its_profile_is_warned(
     if warned:
         alert = next(a for a in rig.alerts.active.values() if a.name == names.PROFILE_SETUP)
         assert "tensor-parallel size 4, the profile's 2" in alert.description
+
+
+@pytest.mark.parametrize("rule", ["verified", None, "drafts"])
+def test_a_plugin_counting_by_the_k_verified_is_warned(
+    monkeypatch: pytest.MonkeyPatch, rule: str | None
+) -> None:
+    # A plugin from before 2026-12-02 says "verified", or nothing (the field's default).
+    rig = Rig(settings_with())
+    admin = rig.admins["r1"]
+    answer = admin.answer
+
+    def older(request: Any, if_match: int | None) -> Any:
+        view = answer(request, if_match)
+        wire = view.model_dump()
+        if rule is None:
+            del wire["step_switch_rule"]
+        else:
+            wire["step_switch_rule"] = rule
+        return type(view).model_validate(wire)
+
+    monkeypatch.setattr(admin, "answer", older)
+    rig.cycles(3)
+    assert (names.PLUGIN_OUTDATED in rig.alert_names()) is (rule != "drafts")
+    if rule != "drafts":
+        alert = next(a for a in rig.alerts.active.values() if a.name == names.PLUGIN_OUTDATED)
+        assert alert.replica == "r1" and "by the k verified" in alert.summary
 
 
 def test_pure_decode_matches_a_pure_decode_profile() -> None:

@@ -34,6 +34,11 @@ MAX_STEP_COUNT = 2**53
 # How each step's k is chosen: the table (with exploration, hysteresis), or the Nightjar-style
 # bandit per batch size learning from the measured steps (plugin/bandit.py).
 StepPolicyName = Literal["table", "nightjar"]
+# Which step the step cells leave out when k changes (plugin/step_timer.py): "drafts", one that
+# drafted another k than it verified; "verified", the first step verifying a new k (plugins
+# before 2026-12-02, whose views lack the field: their neighbour bursts read fast).
+StepSwitchRule = Literal["drafts", "verified"]
+STEP_SWITCH_RULE: StepSwitchRule = "drafts"
 MAX_NIGHTJAR_EXPLORATION = 100.0
 
 
@@ -88,6 +93,13 @@ class TableView(BaseModel):
     )
     nightjar_steps: int = Field(
         default=0, ge=0, description="steps whose k the Nightjar-style bandit chose, since start"
+    )
+    step_switch_rule: StepSwitchRule = Field(
+        default="verified",
+        description=(
+            "the step the step cells leave out when k changes: one drafting another k than it "
+            "verified ('drafts'), or, in plugins before 2026-12-02, the first verifying a new k"
+        ),
     )
     plugin_version: str
     engine_version: str

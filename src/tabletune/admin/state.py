@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from tabletune.admin.protocol import (
+    STEP_SWITCH_RULE,
     CellSteps,
     EngineIdentity,
     SettingsPut,
@@ -261,6 +262,7 @@ class TableState:
             step_timing=self.step_timing,
             policy=self.policy,
             nightjar_exploration=self.nightjar_exploration,
+            step_switch_rule=STEP_SWITCH_RULE,
             plugin_version=plugin_version,
             engine_version=identity.engine_version,
             model_name=identity.model_name,

@@ -27,6 +27,7 @@ ACCEPTANCE_DRIFT = "TableTuneAcceptanceDrift"
 PROFILE_DRIFT = "TableTuneProfileDrift"
 PROFILE_SHAPE = "TableTuneProfileShape"
 PROFILE_SETUP = "TableTuneProfileSetup"
+PLUGIN_OUTDATED = "TableTunePluginOutdated"
 STALE_DATA = "TableTuneStaleData"
 ROLLBACK = "TableTuneRollback"
 PUSH_FAILED = "TableTunePushFailed"
@@ -38,6 +39,7 @@ SEVERITY = {
     PROFILE_DRIFT: "warning",
     PROFILE_SHAPE: "warning",
     PROFILE_SETUP: "warning",
+    PLUGIN_OUTDATED: "warning",
     STALE_DATA: "warning",
     ROLLBACK: "critical",
     PUSH_FAILED: "critical",

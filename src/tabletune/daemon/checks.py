@@ -74,6 +74,26 @@ class Checks:
             now,
         )
 
+    def plugin(self, rt: ReplicaRuntime, now: float) -> None:
+        """Warn when the replica's plugin counts step cells the way plugins did before
+        2026-12-02 (its view says so, or lacks the field): it files the step before each
+        neighbour burst in the running k's cell and the burst's last step in the burst's, so
+        bursts read faster than their k runs (0.84-0.89 at decode-heavy B≈254 on the H200) and
+        the daemon may push a k that loses, for the guard to roll back."""
+        if rt.view is None or rt.view.step_switch_rule == "drafts":
+            return
+        self.alerts.condition(
+            Alert(
+                names.PLUGIN_OUTDATED,
+                f"{rt.replica}'s plugin counts step cells by the k verified",
+                f"plugin {rt.view.plugin_version}: neighbour bursts read faster than their k "
+                "runs; install this tabletune in the engine's environment",
+                replica=rt.replica,
+                pool=rt.pool.name,
+            ),
+            now,
+        )
+
     def _traffic_shape(self, rt: ReplicaRuntime, cells: StepCells, now: float) -> None:
         """Warn when live steps carry more (or less) prefill than the profile was timed with:
         its step times then misstate serving steps before any drift is measured."""

@@ -115,6 +115,7 @@ class ReplicaTurn:
         estimate = rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma)
         self.checks.step_time(rt, obs.step_cells, now)
         self.checks.profile_setup(rt, now)  # against the last view read (a cycle late at first)
+        self.checks.plugin(rt, now)
         turn = Turn(
             rt, obs, unit, rebuilt, now, report, admin, self.admin_for(rt.admin_url), estimate
         )
