@@ -71,6 +71,7 @@ from live_daemon_report import (  # noqa: E402  (this script's folder is first o
     trial_at_stop,
 )
 from live_step_time_report import GENERATION, pooled, tau, throughput  # noqa: E402
+from step_trace_report import exploring_cost, read_trace, trace_text  # noqa: E402
 
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE  # noqa: E402
 from tabletune.step_cells import CellTotals  # noqa: E402
@@ -879,6 +880,18 @@ def with_host_load(raw: Row, path: Path) -> Row:
     return {"path": log_name(path), **annotate_host(raw, read_host_load(log_text(path)))}
 
 
+def with_step_trace(result: Row, raw: Row, text: str) -> Row:
+    """``result`` with each load's ``daemon_exploring_by_trace``: its daemon part's exploring
+    cost step by step from the engine's step trace (step_trace_report.exploring_cost: every
+    step's kept tokens in expectation over its time against the table's k's own steps, the
+    switch steps the cells leave out included; the k mix reads low without them)."""
+    for entry in exploring_cost(raw, read_trace(text)):
+        load = entry["part"].removesuffix("-daemon")
+        if load in result["loads"]:
+            result["loads"][load]["daemon_exploring_by_trace"] = entry
+    return result
+
+
 def with_gc_log(raw: Row, path: Path) -> Row:
     """``raw``'s windows annotated in place with the engine core's garbage collections logged
     wholly inside them; what was read and how it was aligned."""
@@ -1048,6 +1061,9 @@ def main() -> int:
     parser.add_argument("--host-load", default=None,
                         help="the host's once-a-second CPU log (host_logger.py's CSV; default: "
                         "the one the job wrote beside RAW, when there)")  # fmt: skip
+    parser.add_argument("--step-trace", default=None,
+                        help="the engine's step trace (STEP_TRACE=1's step_trace.<pid>.csv.gz): "
+                        "each daemon part's exploring cost step by step")  # fmt: skip
     parser.add_argument("--gc-log", default=None,
                         help="vLLM's garbage-collection lines (GC_DEBUG=1's gc_log.txt; default: "
                         "the one the job wrote beside RAW, when there)")  # fmt: skip
@@ -1073,6 +1089,11 @@ def main() -> int:
                   lambda path: with_host_load(raw, path))  # fmt: skip
     gc = joined("--gc-log", args.gc_log, "gc_log", lambda path: with_gc_log(raw, path))
     result = report(raw, clocks, host, gc)
+    if args.step_trace:
+        try:
+            result = with_step_trace(result, raw, trace_text(Path(args.step_trace)))
+        except (OSError, ValueError) as error:
+            parser.error(f"--step-trace {args.step_trace}: {error}")
     name = f"eval_traffic_{raw['meta']['shape'].replace('-', '_')}_h200.json"
     if args.name:
         name = f"eval_traffic_{args.name}_h200.json"

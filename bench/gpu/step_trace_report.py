@@ -9,7 +9,9 @@ runs the next step while this one's results are handled), counted only when the 
 to back (the line before scheduled tokens and left requests) and at the k of the decoding step
 before it (a switch step is timed apart, as the plugin does). A step takes prompts in when it
 schedules requests new to the engine or more tokens than its decodes and drafts
-(tokens - batch - draft tokens > 0: a prompt's chunk rides along).
+(tokens - batch - draft tokens > 0: a prompt's chunk rides along). ``exploring_cost`` prices
+each daemon part's steps one by one (the switch steps the cells leave out included) against the
+table's k's own steps: what exploring cost as served.
 
     .venv/bin/python bench/gpu/step_trace_report.py RAW.json TRACE.csv.gz \\
         --out bench/results/step_trace_h200.json
@@ -25,7 +27,7 @@ import itertools
 import json
 import statistics
 import sys
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
+from tabletune.solver import tau  # noqa: E402
 from tabletune.step_cells import cell_label, cell_of  # noqa: E402
 
 Row = dict[str, Any]
@@ -263,6 +266,105 @@ def by_verified_and_drafted(lines: Sequence[tuple[float, ...]]) -> list[Row]:
     ]  # fmt: skip
 
 
+def table_k_at(table: Sequence[Sequence[int]] | None, batch: int) -> int | None:
+    return next((k for start, end, k in table or () if start <= batch <= end), None)
+
+
+BOOTSTRAP_DRAWS = 2000
+
+
+def _loss(sums: np.ndarray) -> float:
+    """1 - (all steps' kept tokens per second) / (the table k's steps')."""
+    kept, seconds, table_kept, table_seconds = sums
+    return float(1 - (kept / seconds) / (table_kept / table_seconds))
+
+
+def _bootstrap(per_window: np.ndarray) -> list[float] | None:
+    """The 2.5 and 97.5 percentiles of the loss over windows drawn with replacement (a fixed
+    seed: the report is the same every run)."""
+    if len(per_window) < 2:
+        return None
+    draws = np.random.default_rng(0).integers(
+        0, len(per_window), (BOOTSTRAP_DRAWS, len(per_window))
+    )
+    sums = per_window[draws].sum(axis=1)
+    ok = (sums[:, 1] > 0) & (sums[:, 3] > 0)
+    losses = 1 - (sums[ok, 0] / sums[ok, 1]) / (sums[ok, 2] / sums[ok, 3])
+    low, high = np.percentile(losses, [2.5, 97.5])
+    return [round(float(low), 4), round(float(high), 4)]
+
+
+def exploring_cost(raw: Row, lines: Sequence[tuple[float, ...]]) -> list[Row]:
+    """Per daemon part, from the windows after its table last changed at the load on: every
+    back-to-back decoding step's kept tokens in expectation (its decoding requests times
+    tau of the k it verified, at the launch's synthetic acceptance) over its time, against the
+    same for the steps that ran the table's k through and through (verified and drafted it):
+    what exploring cost as served, switch steps included, which the cells (and a k mix read
+    from them) leave out. Also the share of time and the goodput of each kind of step."""
+    rates = raw["meta"].get("synthetic_rates")
+    if not rates:  # acceptance not synthetic: the kept tokens are not known step by step
+        return []
+    made = drafts_made(lines)
+    out: list[Row] = []
+    parts = sorted({w["part"] for w in raw["windows"] if w["part"].endswith("-daemon")})
+    for part in parts:
+        windows = [w for w in raw["windows"] if w["part"] == part and w.get("view")]
+        if not windows:
+            continue
+        batch = round(statistics.median(w["mean_running"] for w in windows))
+        ks = [table_k_at(w["view"]["table"], batch) for w in windows]
+        first = len(windows)
+        while first > 0 and ks[first - 1] == ks[-1]:
+            first -= 1
+        settled = windows[first + 1 :]
+        table_k = ks[-1]
+        if not settled or table_k is None:
+            continue
+        bounds = [window_bounds(w) for w in settled]
+        starts = [start for start, _ in bounds]
+        kinds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # steps, s, tokens
+        # per window: all steps' kept tokens and seconds, and the table k's steps' (bootstrap)
+        per_window = np.zeros((len(settled), 4))
+        for i, (before, line) in enumerate(itertools.pairwise(lines), start=1):
+            t, size, k, _drafts, tokens, new = line[:6]
+            at = bisect_right(starts, t) - 1
+            if at < 0 or t >= bounds[at][1]:
+                continue
+            if not (before[4] > 0 and not before[7] and tokens > 0 and new < size):
+                continue
+            verified, drafted = int(k), made[i]
+            if verified == drafted:
+                kind = "table k" if verified == table_k else f"steady k={verified}"
+            else:
+                kind = f"switch {verified}->{drafted}"
+            seconds, kept = t - before[0], (size - new) * tau(rates, verified)
+            sums = kinds[kind]
+            sums[0] += 1
+            sums[1] += seconds
+            sums[2] += kept
+            per_window[at] += (kept, seconds, *((kept, seconds) if kind == "table k" else (0, 0)))
+        totals = per_window.sum(axis=0)
+        steady = kinds.get("table k")
+        if not steady or not totals[1]:
+            continue
+        rate = steady[2] / steady[1]
+        out.append({
+            "part": part, "table_k": table_k, "batch": batch,
+            "from_s": settled[0].get("since_daemon_start_s"),
+            "until_s": settled[-1].get("since_daemon_start_s"),
+            "windows": len(settled),
+            "steps": int(sum(v[0] for v in kinds.values())),
+            "loss_against_the_table_k_steps": round(_loss(totals), 4),
+            "bootstrap_95": _bootstrap(per_window),
+            "kinds": {
+                kind: {"steps": int(n), "time_share": round(s / totals[1], 4),
+                       "goodput_over_table_k": round(tok / s / rate, 4)}
+                for kind, (n, s, tok) in sorted(kinds.items(), key=lambda kv: -kv[1][1])
+            },
+        })  # fmt: skip
+    return out
+
+
 def by_rule(raw: Row, lines: Sequence[tuple[float, ...]], rule: str) -> Row:
     steps = list(timed_steps(lines, rule=rule))
     groups = {
@@ -291,7 +393,14 @@ def report(raw: Row, trace_text: str) -> Row:
         "trace_lines": len(lines),
         "by_verified_and_drafted": by_verified_and_drafted(lines),
         "rules": {rule: by_rule(raw, lines, rule) for rule in ("drafts", "verified")},
+        "exploring_cost": exploring_cost(raw, lines),
     }
+
+
+def trace_text(path: Path) -> str:
+    """A trace file's text, gzipped or not."""
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode("ascii")
 
 
 def main() -> int:
@@ -301,9 +410,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/step_trace_h200.json")
     args = parser.parse_args()
     raw = json.loads(args.raw.read_text())
-    data = args.trace.read_bytes()
-    text = (gzip.decompress(data) if args.trace.suffix == ".gz" else data).decode("ascii")
-    out = report(raw, text)
+    out = report(raw, trace_text(args.trace))
     out["inputs"] = {"raw": args.raw.name, "trace": args.trace.name}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     for rule, found in out["rules"].items():

@@ -122,11 +122,14 @@ report long_context_b128_56_rounds_blocks \
 report shape_change_guard_blocks \
   eval_traffic_shape_change_guard_blocks_h200_20261202T0355Z.json $(logs 20261202T0355Z)
 report decode_heavy_b256_trace_blocks \
-  eval_traffic_decode_heavy_b256_trace_blocks_h200_20261202T0614Z.json $(logs 20261202T0614Z)
+  eval_traffic_decode_heavy_b256_trace_blocks_h200_20261202T0614Z.json $(logs 20261202T0614Z) \
+  --step-trace "$RAW/step_trace_h200_20261202T0614Z.csv.gz"
 report chat_like_b192_trace_blocks \
-  eval_traffic_chat_like_b192_trace_blocks_h200_20261202T0622Z.json $(logs 20261202T0622Z)
+  eval_traffic_chat_like_b192_trace_blocks_h200_20261202T0622Z.json $(logs 20261202T0622Z) \
+  --step-trace "$RAW/step_trace_h200_20261202T0622Z.csv.gz"
 report decode_heavy_b256_drafts_rule_blocks \
-  eval_traffic_decode_heavy_b256_drafts_rule_blocks_h200_20261202T0640Z.json $(logs 20261202T0640Z)
+  eval_traffic_decode_heavy_b256_drafts_rule_blocks_h200_20261202T0640Z.json $(logs 20261202T0640Z) \
+  --step-trace "$RAW/step_trace_h200_20261202T0640Z.csv.gz"
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json

@@ -11,7 +11,9 @@ Per shape, judged on every load of every launch:
   judgeable"; judged on its table (its arm, exploring off) and, beside it, on its own windows
   once settled until its part ended, exploring on (``daemon_exploring_worst_load_loss``: what
   the bursts measuring each k after a start cost; the parts last 30 s, so not what it costs
-  after longer);
+  after longer): by the engine's step trace where the launch kept one (``exploring_reading``
+  "step trace": every step, the switch steps the cells leave out too, bound by a bootstrap
+  over windows), else by the k mix of its cells, which reads low without those steps;
 - each static table's worst loss by k mix (vLLM's documented one, the measured one, the
   pure-decode profile's), for comparison;
 - the Nightjar-style bandit's worst-load loss against 3x the daemon's worst: by point, and
@@ -87,9 +89,15 @@ def rows_of(report: Row, name: str) -> list[Row]:
             row["daemon_bound"] = None
             row["note"] = "ended inside a trial: priced by the table it replaced"
         exploring = entry.get("daemon_exploring_by_k_mix") or {}
-        if exploring.get("loss_from_k_mix") is not None:  # its own windows once settled
+        traced = entry.get("daemon_exploring_by_trace") or {}
+        if traced.get("bootstrap_95"):  # step by step, the switch steps the cells omit too
+            row["exploring_loss"] = traced["loss_against_the_table_k_steps"]
+            row["exploring_bound"] = traced["bootstrap_95"]
+            row["exploring_reading"] = "step trace"
+        elif exploring.get("loss_from_k_mix") is not None:  # its own windows once settled
             row["exploring_loss"] = exploring["loss_from_k_mix"]
             row["exploring_bound"] = [exploring["loss_lower_bound"], exploring["loss_upper_bound"]]
+            row["exploring_reading"] = "k mix (reads low: switch steps are in no cell)"
         bandit = entry.get("nightjar_by_k_mix")
         if bandit:
             row["nightjar_loss"] = bandit["loss_from_k_mix"]

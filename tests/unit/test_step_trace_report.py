@@ -22,7 +22,9 @@ def _utc(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat()
 
 
-def _trace(plan: list[tuple[int, int]]) -> tuple[str, list[float]]:
+def _trace(
+    plan: list[tuple[int, int]], drafting: dict[int, float] = DRAFTING_S
+) -> tuple[str, list[float]]:
     """The trace of back-to-back steps at batch 250, one per (lookup's k, new requests) in
     ``plan``: a step drafts the lookup's k, verifies the step before's, and takes as long as
     its drafts (and prompts) say; each new request brings a 56-token prompt. Returns the text
@@ -33,7 +35,7 @@ def _trace(plan: list[tuple[int, int]]) -> tuple[str, list[float]]:
                             idle_after=False, drafts_next=plan[0][0]))  # fmt: skip
     times = []
     for drafted, new in plan:
-        t += DRAFTING_S[drafted] + (TAKING_S if new else 0.0)
+        t += drafting[drafted] + (TAKING_S if new else 0.0)
         decodes = {f"r{i}": 1 + verified for i in range(250 - new)}
         prompts = {f"p{i}": 56 for i in range(new)}
         spec = {r: [0] * verified for r in decodes} if verified else {}
@@ -110,3 +112,33 @@ def test_a_switch_step_and_a_step_after_idle_are_not_timed() -> None:
     assert [s.time_s for s in report.timed_steps(with_column)] == [0.02, 9.02, 9.04]
     with pytest.raises(ValueError, match="rule"):
         list(report.timed_steps(lines, rule="lookup"))
+
+
+def test_exploring_costs_every_step_switch_steps_included() -> None:
+    # k=0's table at B=250 (16 ms a step); a burst every 32 steps: the lookup says 1 for 4
+    # steps (a step drafting 1 takes 30 ms). Per 32 steps: 27 steps of the table's k, one
+    # drafting 1 while verifying 0, three of k=1 through and through, one verifying 1 while
+    # drafting 0: 568 ms for 27 + 1 + 4 x 1.75 tokens a request, against 1 per 16 ms.
+    plan = [(1 if i % 32 < 4 else 0, 0) for i in range(40 * 32)]
+    text, times = _trace(plan, {0: 0.016, 1: 0.030})
+    per_window = 32 * 5  # five bursts a window
+    windows = [
+        {"part": "decode-heavy-B256-daemon", "arm": "live", "mean_running": 250.0,
+         "since_daemon_start_s": float(w),
+         "view": {"table": [[1, 256, 0]]},
+         "started_utc": _utc(times[w * per_window] - 1e-4 if w else START - 1),
+         "ended_utc": _utc(times[(w + 1) * per_window - 1] + 1e-4)}
+        for w in range(len(plan) // per_window)
+    ]  # fmt: skip
+    raw = {"meta": {"synthetic_rates": [0.75, 0.55, 0.40]}, "windows": windows}
+    (cost,) = report.exploring_cost(raw, report.read_trace(text))
+    assert cost["table_k"] == 0 and cost["batch"] == 250
+    expected = 1 - (250 * (27 + 1 + 4 * 1.75) / 0.568) / (250 / 0.016)
+    # the first window after the table settled is left out (it may hold the old table's steps)
+    assert cost["windows"] == len(windows) - 1
+    assert cost["loss_against_the_table_k_steps"] == pytest.approx(expected, abs=2e-3)
+    low, high = cost["bootstrap_95"]
+    assert low <= cost["loss_against_the_table_k_steps"] <= high
+    kinds = cost["kinds"]
+    assert kinds["switch 0->1"]["goodput_over_table_k"] == pytest.approx(16 / 30, abs=1e-3)
+    assert kinds["steady k=1"]["steps"] == 3 * kinds["switch 0->1"]["steps"]

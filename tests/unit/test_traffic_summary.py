@@ -273,3 +273,27 @@ def test_the_daemon_exploring_is_judged_beside_its_table() -> None:
                                              "bound": [0.018, 0.048]}  # fmt: skip
     assert "exploring" not in per_load["B128"]
     assert out["daemon_at_newest_commit"]["exploring"]["decode-heavy"]["verdict"] == "missed"
+
+
+def test_the_exploring_read_step_by_step_is_preferred_to_the_k_mix() -> None:
+    """A launch that kept the engine's step trace is judged on it (every step, the switch steps
+    the cells leave out too): the k mix read met, the trace misses by point (its low bound
+    just under the goal: not judgeable)."""
+    k_mix = {"loss_from_k_mix": 0.0062, "loss_lower_bound": 0.0009, "loss_upper_bound": 0.0133}
+    traced = {"loss_against_the_table_k_steps": 0.0206, "bootstrap_95": [0.0147, 0.0267]}
+    reports = {
+        "a.json": _report({
+            "decode-heavy-B256": _load(0.0, (0.0, 0.0), batch=254.0,
+                                       daemon_exploring_by_k_mix=k_mix,
+                                       daemon_exploring_by_trace=traced),
+            "decode-heavy-B128": _load(0.0, (0.0, 0.0), daemon_exploring_by_k_mix=k_mix),
+        }),
+    }  # fmt: skip
+    out = summary_module.summarize(reports)
+    per_load = out["newest_launch_per_load"]["decode-heavy"]
+    missed = "missed by point, not judgeable"
+    assert per_load["B256"]["exploring"] == {"verdict": missed, "loss": 0.0206,
+                                             "bound": [0.0147, 0.0267]}  # fmt: skip
+    assert per_load["B128"]["exploring"]["loss"] == 0.0062  # no trace: the k mix
+    goal = out["goals"]["decode-heavy"]["daemon_exploring_worst_load_loss"]
+    assert goal["verdict"] == missed and goal["worst"] == 0.0206
