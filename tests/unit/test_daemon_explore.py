@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from tabletune.daemon.explore import (
     Exploration,
+    acceptance_spacing,
+    acceptance_step_loss,
     directed_exploration,
     loaded_batches,
     priced_spacing,
@@ -487,3 +489,25 @@ def test_h200_b254_bursts_the_estimates_call_winners_run_sparse_through_a_rollba
     # Priced only while k=2, behind by its estimate, was in too.
     assert len(intervals) >= 100 and set(intervals) <= {32, 64}
     assert intervals.count(32) >= 0.9 * len(intervals)
+
+
+def test_an_acceptance_step_at_k_is_priced_by_what_it_spends_and_gains() -> None:
+    # The H200 at decode-heavy B≈254 (bench/results/step_trace_decode_heavy_h200.json): k=0's
+    # steps 14.0 ms, K=3's 41.6 ms (a step drafting 3 takes as long), tau 1 and 2.7. One
+    # exploration spends 41.6/14 - 1 = 1.97 steps of k=0 and gains 1.7: 0.27 a step.
+    h200 = StepTimes(
+        grid=(1, 254), ks=(0, 1, 2, 3),
+        ms=np.array([[6.0, 14.0], [7.0, 25.8], [8.0, 42.5], [9.0, 41.6]]),
+    )  # fmt: skip
+    k0 = [0] * 257
+    loss = acceptance_step_loss(h200, RATES, k0, {254: 1.0}, 3)
+    assert loss == pytest.approx(41.6 / 14.0 - 1 - 1.7, abs=1e-9)
+    # Within a 0.2 % budget: one every 136 steps (the plugin's 50 doubled to 200).
+    assert acceptance_spacing(loss, budget=0.002) == 136 and doubled_to(50, 136) == 200
+    # Where the table runs K, or K's steps cost less than their tokens gain: free.
+    assert acceptance_step_loss(h200, RATES, [3] * 257, {254: 1.0}, 3) == 0.0
+    assert acceptance_step_loss(h200, RATES, k0, {1: 1.0}, 3) == 0.0  # 9/6 - 1 < 1.7
+    assert acceptance_spacing(loss, budget=0.0) == 0 and acceptance_spacing(0.0, budget=0.002) == 0
+    # Weighed over the loaded batch sizes.
+    half = acceptance_step_loss(h200, RATES, k0, {254: 1.0, 1: 1.0}, 3)
+    assert half == pytest.approx(loss / 2)

@@ -193,6 +193,18 @@ def test_priced_bursts_run_at_their_interval_doubled_past_their_spacing(
     assert plan.effects == (SetPluginSettings(50, 2, interval, 4, (1, 2)),)
 
 
+@pytest.mark.parametrize(("spacing", "interval"), [(0, 50), (50, 50), (136, 200), (900, 1600)])
+def test_acceptance_exploration_runs_at_its_interval_doubled_past_its_spacing(
+    spacing: int, interval: int
+) -> None:
+    inputs = _inputs(explore_ks=(1,), exploration_spacing=spacing)
+    plan = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)
+    assert plan.effects == (SetPluginSettings(interval, 2, 32, 4, (1,)),)
+    off = load_settings({"TABLETUNE_PLUGIN__EXPLORATION_INTERVAL": "0"})
+    plan = plan_replica(_runtime(), inputs, settings=off, dry_run=False)
+    assert plan.effects[0].exploration_interval == 0  # off stays off, whatever its price
+
+
 def test_no_bursts_stay_off_whatever_their_price() -> None:
     inputs = _inputs(explore_ks=(), explore_spacing=500)
     plan = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)

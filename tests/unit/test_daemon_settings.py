@@ -80,6 +80,7 @@ DEFAULTS = {
         "neighbour_burst": 4,
         "neighbour_recheck_interval": 128,
         "neighbour_recheck_after_s": 120.0,
+        "exploration_cost_budget": 0.002,
         "neighbour_cost_budget": 0.005,
         "neighbour_directed": True,
         "neighbour_drop_z": 1.0,

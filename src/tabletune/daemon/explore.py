@@ -128,6 +128,50 @@ def priced_spacing(exploration: Exploration, *, burst: int, budget: float) -> in
     return max(0, math.ceil(lost / budget + burst * (1.0 - exploration.step_time)))
 
 
+def acceptance_step_loss(
+    step_times: StepTimes,
+    rates: Sequence[float],
+    table_lookup: Sequence[int],
+    load_weights: Mapping[int, float],
+    big_k: int,
+    *,
+    min_share: float = 0.05,
+) -> float:
+    """What one acceptance-exploration step costs by the estimates, in steps of the table's k,
+    weighed over the loaded batch sizes. The plugin reads K for it: that step drafts K and
+    takes K's step time while it keeps the table's k's tokens; the next verifies K in about a
+    step of the table's k and keeps tau(K). So per exploration (T(K) - T(k)) / T(k) steps are
+    spent and (tau(K) - tau(k)) / tau(k) steps' worth gained; none where that is a gain, or
+    where the table runs K. On an H200 at decode-heavy B≈254 (k=0 the table's, K=3: 41.6 and
+    14.0 ms, tau 2.7 and 1) about 0.27 a step; priced by the step trace, one every 50 steps
+    cost about 0.7 % of the time (docs/results.md, "At 82db989")."""
+    top = min(step_times.max_batch, len(table_lookup) - 1)
+    weights = {
+        min(max(1, b), top): load_weights[b]
+        for b in loaded_batches(load_weights, min_share=min_share)
+    }
+    total = sum(weights.values())
+    if total <= 0 or big_k not in step_times.ks:
+        return 0.0
+    loss = 0.0
+    for b, weight in weights.items():
+        k = table_lookup[b]
+        if k >= big_k or k not in step_times.ks:
+            continue
+        spent = step_times.at(b, big_k) / step_times.at(b, k) - 1.0
+        gained = tau(rates, big_k) / tau(rates, k) - 1.0
+        loss += weight / total * max(0.0, spent - gained)
+    return loss
+
+
+def acceptance_spacing(loss: float, *, budget: float) -> int:
+    """The fewest steps between acceptance-exploration steps that keep ``loss`` a step within
+    ``budget`` of the time; 0: no bound (nothing lost, or no budget)."""
+    if budget <= 0 or loss <= 0:
+        return 0
+    return math.ceil(loss / budget)
+
+
 def sparse_bursts(
     exploration: Exploration, *, table_stood: bool, hold_left_s: float, recheck_after_s: float
 ) -> bool:
@@ -138,6 +182,29 @@ def sparse_bursts(
     if not exploration.ks:
         return False
     return (exploration.rechecks_only and table_stood) or hold_left_s > recheck_after_s
+
+
+def replica_acceptance_spacing(
+    rt: ReplicaRuntime,
+    view: TableView,
+    step_times: StepTimes,
+    rates: Sequence[float],
+    settings: DaemonSettings,
+) -> int:
+    """The fewest steps between this replica's acceptance-exploration steps their price allows
+    (0: any)."""
+    ranges = view_ranges(view)
+    if ranges is None:
+        return 0
+    top = min(view.max_num_seqs, step_times.max_batch)
+    loss = acceptance_step_loss(
+        step_times,
+        rates,
+        dense_lookup(ranges, top, view.num_speculative_tokens),
+        rt.loads.clipped(top),
+        view.num_speculative_tokens,
+    )
+    return acceptance_spacing(loss, budget=settings.plugin.exploration_cost_budget)
 
 
 def replica_exploration(

@@ -60,6 +60,8 @@ class PlanInputs:
     explore_sparse: bool = False  # bursts at the re-check interval (explore.sparse_bursts)
     explore_sparse_if_held: bool = False  # the same, were a rollback to start its hold now
     explore_spacing: int = 0  # the fewest steps between bursts their price allows (0: any)
+    # the fewest steps between acceptance-exploration steps their price allows (0: any)
+    exploration_spacing: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,19 +78,25 @@ def wanted_settings(
     explore_ks: tuple[int, ...] | None = None,
     sparse: bool = False,
     spacing: int = 0,
+    exploration_spacing: int = 0,
 ) -> SetPluginSettings | None:
     """The plugin settings to set, when the replica's differ from the wanted ones. Directed
     bursts (``explore_ks``) run only at those k, and not at all when there are none; at the
     re-check interval when ``sparse`` (``explore.sparse_bursts``), and at least ``spacing``
-    steps apart (their price: ``explore.priced_spacing``)."""
+    steps apart (their price: ``explore.priced_spacing``). The acceptance exploration's steps
+    at least ``exploration_spacing`` apart (``explore.acceptance_spacing``), its interval
+    doubled to it."""
     w = settings.plugin
     interval = w.neighbour_interval if explore_ks is None or explore_ks else 0
     if explore_ks and sparse and w.neighbour_recheck_interval:
         interval = w.neighbour_recheck_interval
     if explore_ks and interval:
         interval = doubled_to(interval, spacing)
+    exploration = w.exploration_interval
+    if exploration:
+        exploration = doubled_to(exploration, exploration_spacing)
     wanted = SetPluginSettings(
-        w.exploration_interval, w.hysteresis, interval, w.neighbour_burst, explore_ks or ()
+        exploration, w.hysteresis, interval, w.neighbour_burst, explore_ks or ()
     )
     running = SetPluginSettings(
         view.exploration_interval,
@@ -188,6 +196,7 @@ def plan_replica(
         # A rollback starts its hold this cycle: its bursts are spaced for it already.
         inputs.explore_sparse_if_held if rollback else inputs.explore_sparse,
         inputs.explore_spacing,
+        inputs.exploration_spacing,
     )
     if not dry_run and change is not None:
         effects.append(change)

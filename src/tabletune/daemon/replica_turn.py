@@ -23,6 +23,7 @@ from tabletune.daemon.estimation import UnitEstimator
 from tabletune.daemon.explore import (
     Exploration,
     priced_spacing,
+    replica_acceptance_spacing,
     replica_exploration,
     sparse_bursts,
 )
@@ -195,6 +196,13 @@ class ReplicaTurn:
             explore_sparse=self._sparse(rt, exploration, turn.now, rt.hold_until - turn.now),
             explore_sparse_if_held=self._sparse(
                 rt, exploration, turn.now, self.settings.guard.cooldown_s
+            ),
+            exploration_spacing=replica_acceptance_spacing(
+                rt,
+                view,
+                estimate.step_times if use_live else rt.pool.step_times,
+                unit.rates,
+                self.settings,
             ),
             explore_spacing=0
             if exploration is None

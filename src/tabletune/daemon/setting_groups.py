@@ -346,6 +346,16 @@ class PluginSettings(_Group):
             "at the neighbour interval)"
         ),
     )
+    exploration_cost_budget: float = Field(
+        default=0.002,
+        ge=0,
+        lt=1,
+        description=(
+            "plugin: the acceptance exploration's step at K runs sparser where it costs (the "
+            "table's k far below K at a batch whose K steps are slow), so that what it loses by "
+            "the estimates stays under this share of the time (0: every EXPLORATION_INTERVAL)"
+        ),
+    )
     neighbour_cost_budget: float = Field(
         default=0.005,
         ge=0,
