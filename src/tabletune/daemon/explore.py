@@ -146,12 +146,12 @@ def acceptance_step_loss(
     14.0 ms, tau 2.7 and 1) about 0.27 a step; priced by the step trace, one every 50 steps
     cost about 0.7 % of the time (docs/results.md, "At 82db989")."""
     top = min(step_times.max_batch, len(table_lookup) - 1)
-    weights = {
-        min(max(1, b), top): load_weights[b]
-        for b in loaded_batches(load_weights, min_share=min_share)
-    }
+    weights: dict[int, float] = {}
+    for b in loaded_batches(load_weights, min_share=min_share):
+        at = min(max(1, b), top)
+        weights[at] = weights.get(at, 0.0) + load_weights[b]
     total = sum(weights.values())
-    if total <= 0 or big_k not in step_times.ks:
+    if total <= 0 or big_k not in step_times.ks or big_k > len(rates):
         return 0.0
     loss = 0.0
     for b, weight in weights.items():
@@ -194,7 +194,7 @@ def replica_acceptance_spacing(
     """The fewest steps between this replica's acceptance-exploration steps their price allows
     (0: any)."""
     ranges = view_ranges(view)
-    if ranges is None:
+    if ranges is None or not view.allowed_k:
         return 0
     top = min(view.max_num_seqs, step_times.max_batch)
     loss = acceptance_step_loss(
@@ -202,7 +202,7 @@ def replica_acceptance_spacing(
         rates,
         dense_lookup(ranges, top, view.num_speculative_tokens),
         rt.loads.clipped(top),
-        view.num_speculative_tokens,
+        max(view.allowed_k),  # the k the plugin's exploration steps run
     )
     return acceptance_spacing(loss, budget=settings.plugin.exploration_cost_budget)
 
