@@ -80,6 +80,17 @@ def drafts_made(lines: Sequence[tuple[float, ...]]) -> list[int]:
     return ks[1:] + ks[-1:]
 
 
+def ran_back_to_back(before: Sequence[float], line: Sequence[float]) -> bool:
+    """The line's step followed the one before at once: that one scheduled tokens and left
+    requests behind, and this one scheduled tokens (its gap is its duration)."""
+    return before[4] > 0 and not before[7] and line[4] > 0
+
+
+def decodes(line: Sequence[float]) -> bool:
+    """The step verified drafts or some request in it was not new (not only prompts)."""
+    return line[2] > 0 or line[5] < line[1]
+
+
 def timed_steps(lines: Sequence[tuple[float, ...]], *, rule: str = "drafts") -> Iterator[Step]:
     """The steps the step timer times, each with its duration (see the module's text). By
     ``rule``: "drafts", the plugin's (a step counts at k when it verified and drafted k);
@@ -91,11 +102,10 @@ def timed_steps(lines: Sequence[tuple[float, ...]], *, rule: str = "drafts") -> 
     last_k: int | None = None
     for i, (before, line) in enumerate(itertools.pairwise(lines), start=1):
         t, batch, k, drafts, tokens, new = line[:6]
-        ran_back_to_back = before[4] > 0 and not before[7] and tokens > 0
-        if not ran_back_to_back:
+        if not ran_back_to_back(before, line):
             last_k = None
             continue
-        if not (k > 0 or new < batch):  # every request new: only prompts (no k applies)
+        if not decodes(line):  # every request new: only prompts (no k applies)
             continue
         previous, last_k = last_k, int(k)
         switch = made[i] != k if rule == "drafts" else previous is not None and previous != k
@@ -255,8 +265,8 @@ def by_verified_and_drafted(lines: Sequence[tuple[float, ...]]) -> list[Row]:
     made = drafts_made(lines)
     times: dict[tuple[int, int, int], list[float]] = defaultdict(list)  # (cell's low, k, drafted)
     for i, (before, line) in enumerate(itertools.pairwise(lines), start=1):
-        t, batch, k, _drafts, tokens, new = line[:6]
-        if before[4] > 0 and not before[7] and tokens > 0 and (k > 0 or new < batch):
+        t, batch, k = line[:3]
+        if ran_back_to_back(before, line) and decodes(line):
             times[(cell_of(int(batch))[0], int(k), made[i])].append(1e3 * (t - before[0]))
     return [
         {"cell": cell_label(cell_of(low)), "verified": k, "drafted": drafted, "steps": len(ms),
@@ -326,11 +336,11 @@ def exploring_cost(raw: Row, lines: Sequence[tuple[float, ...]]) -> list[Row]:
         # per window: all steps' kept tokens and seconds, and the table k's steps' (bootstrap)
         per_window = np.zeros((len(settled), 4))
         for i, (before, line) in enumerate(itertools.pairwise(lines), start=1):
-            t, size, k, _drafts, tokens, new = line[:6]
+            t, size, k, _drafts, _tokens, new = line[:6]
             at = bisect_right(starts, t) - 1
             if at < 0 or t >= bounds[at][1]:
                 continue
-            if not (before[4] > 0 and not before[7] and tokens > 0 and new < size):
+            if not (ran_back_to_back(before, line) and decodes(line)):
                 continue
             verified, drafted = int(k), made[i]
             if verified == drafted:

@@ -184,6 +184,18 @@ def sparse_bursts(
     return (exploration.rechecks_only and table_stood) or hold_left_s > recheck_after_s
 
 
+def table_and_load(
+    rt: ReplicaRuntime, view: TableView, max_batch: int
+) -> tuple[list[int], dict[int, float]] | None:
+    """The replica's table as vLLM reads it (dense, index = batch size) and its load weights,
+    both up to the batch sizes its engine and the step times cover; None: no table."""
+    ranges = view_ranges(view)
+    if ranges is None:
+        return None
+    top = min(view.max_num_seqs, max_batch)
+    return dense_lookup(ranges, top, view.num_speculative_tokens), rt.loads.clipped(top)
+
+
 def replica_acceptance_spacing(
     rt: ReplicaRuntime,
     view: TableView,
@@ -193,15 +205,13 @@ def replica_acceptance_spacing(
 ) -> int:
     """The fewest steps between this replica's acceptance-exploration steps their price allows
     (0: any)."""
-    ranges = view_ranges(view)
-    if ranges is None or not view.allowed_k:
+    table = table_and_load(rt, view, step_times.max_batch)
+    if table is None or not view.allowed_k:
         return 0
-    top = min(view.max_num_seqs, step_times.max_batch)
     loss = acceptance_step_loss(
         step_times,
         rates,
-        dense_lookup(ranges, top, view.num_speculative_tokens),
-        rt.loads.clipped(top),
+        *table,
         max(view.allowed_k),  # the k the plugin's exploration steps run
     )
     return acceptance_spacing(loss, budget=settings.plugin.exploration_cost_budget)
@@ -215,16 +225,14 @@ def replica_exploration(
     settings: DaemonSettings,
 ) -> Exploration | None:
     """The k worth neighbour bursts on this replica (None: the plugin's adjacent k)."""
-    ranges = view_ranges(view)
-    if not settings.plugin.neighbour_directed or ranges is None:
+    table = table_and_load(rt, view, rt.pool.step_times.max_batch)
+    if not settings.plugin.neighbour_directed or table is None:
         return None
-    top = min(view.max_num_seqs, rt.pool.step_times.max_batch)
     return directed_exploration(
         estimate,
         rt.pool.step_times,
         rates,
-        dense_lookup(ranges, top, view.num_speculative_tokens),
-        rt.loads.clipped(top),
+        *table,
         set(view.allowed_k) & set(rt.pool.step_times.ks),
         min_steps=MEASURED_STEPS,
         z=settings.plugin.neighbour_drop_z,
