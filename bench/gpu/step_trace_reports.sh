@@ -21,3 +21,11 @@ trace_report chat_like eval_traffic_chat_like_b192_trace_blocks_h200_20261202T06
 # The plugin counting by the drafts made (82db989), decode-heavy B≈256 again.
 trace_report decode_heavy_drafts_rule \
   eval_traffic_decode_heavy_b256_drafts_rule_blocks_h200_20261202T0640Z.json 20261202T0640Z
+# The acceptance exploration priced (dda561f), decode-heavy B≈256 twice, then with the bandit.
+trace_report decode_heavy_priced_acceptance \
+  eval_traffic_decode_heavy_b256_priced_acceptance_blocks_h200_20261202T0825Z.json 20261202T0825Z
+trace_report decode_heavy_priced_acceptance_again \
+  eval_traffic_decode_heavy_b256_priced_acceptance_again_blocks_h200_20261202T0833Z.json \
+  20261202T0833Z
+trace_report decode_heavy_nightjar_newest \
+  eval_traffic_decode_heavy_b256_nightjar_newest_blocks_h200_20261202T0841Z.json 20261202T0841Z

@@ -130,6 +130,16 @@ report chat_like_b192_trace_blocks \
 report decode_heavy_b256_drafts_rule_blocks \
   eval_traffic_decode_heavy_b256_drafts_rule_blocks_h200_20261202T0640Z.json $(logs 20261202T0640Z) \
   --step-trace "$RAW/step_trace_h200_20261202T0640Z.csv.gz"
+# The acceptance exploration priced (dda561f), decode-heavy B≈256 twice, then with the bandit.
+report decode_heavy_b256_priced_acceptance_blocks \
+  eval_traffic_decode_heavy_b256_priced_acceptance_blocks_h200_20261202T0825Z.json \
+  $(logs 20261202T0825Z) --step-trace "$RAW/step_trace_h200_20261202T0825Z.csv.gz"
+report decode_heavy_b256_priced_acceptance_again_blocks \
+  eval_traffic_decode_heavy_b256_priced_acceptance_again_blocks_h200_20261202T0833Z.json \
+  $(logs 20261202T0833Z) --step-trace "$RAW/step_trace_h200_20261202T0833Z.csv.gz"
+report decode_heavy_b256_nightjar_newest_blocks \
+  eval_traffic_decode_heavy_b256_nightjar_newest_blocks_h200_20261202T0841Z.json \
+  $(logs 20261202T0841Z) --step-trace "$RAW/step_trace_h200_20261202T0841Z.csv.gz"
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json
