@@ -71,6 +71,7 @@ DEFAULTS = {
         "trial_steps": 100.0,
         "trial_max_s": 60.0,
         "trial_retry_s": 600.0,
+        "oversold_for_s": 600.0,
         "first_sight_from_prior": True,
     },
     "plugin": {

@@ -22,6 +22,7 @@ from tabletune.daemon.apply import Applied
 from tabletune.daemon.decide import Decision, Estimates, decide
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.outcomes import Outcomes
+from tabletune.daemon.oversold import StoodOn
 from tabletune.daemon.plan import PlanInputs, PushTable, plan_replica
 from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
@@ -350,6 +351,24 @@ def test_the_push_that_starts_a_trial_records_when_its_k_was_tried_there() -> No
     settled = replace(start, reason="trial ended", trial=None)
     outcomes.record(rt, Applied(view=view, done=[PushTable(settled)]), 510.0, CycleReport(510.0))
     assert rt.trial is None and rt.tried_at == {(2, 121): 500.0}
+
+
+def test_a_push_putting_a_k_in_keeps_what_it_stood_on_and_a_trial_does_not() -> None:
+    # daemon.oversold reads the k's run against it once the k has run there.
+    settings = load_settings({})
+    outcomes = Outcomes(
+        settings, DaemonMetrics(), AlertSink(settings=settings.alerts, condition_ttl_s=60.0)
+    )
+    rt, view = _runtime(), _view(TRIAL_TABLE)
+    push = Decision(
+        push=True, reason="predicted gain", new=tuple(map(tuple, TRIAL_TABLE)),  # type: ignore[arg-type]
+        current=tuple(map(tuple, AFTER_MOVE)), stood_on=(2, LOAD, 17.2),  # type: ignore[arg-type]
+    )  # fmt: skip
+    outcomes.record(rt, Applied(view=view, done=[PushTable(push)]), 500.0, CycleReport(500.0))
+    assert rt.stood_on == StoodOn(k=2, batch=LOAD, step_time=17.2, at=500.0)
+    trial = replace(push, trial=(2, LOAD))
+    outcomes.record(rt, Applied(view=view, done=[PushTable(trial)]), 510.0, CycleReport(510.0))
+    assert rt.stood_on is None  # a trial is settled by its own rule
 
 
 def test_a_trial_in_force_is_saved_and_a_restarted_daemon_settles_it(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 
 from tabletune.admin.protocol import TableView
 from tabletune.daemon.settings import DecisionSettings
+from tabletune.daemon.step_time import MEASURED_STEPS
 from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
 from tabletune.solver import (
     Solution,
@@ -38,6 +39,9 @@ class Decision:
     held_back: bool = False
     # A k put in to be measured on its own run (daemon.trial): (k, batch size it was tried at).
     trial: tuple[int, int] | None = None
+    # A push putting a k in at the load's heaviest batch size where it has not run: that k,
+    # the batch size and its T_hat there (daemon.oversold holds it to its run if slower).
+    stood_on: tuple[int, int, float] | None = None
 
     @property
     def edges_moved(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -161,8 +165,11 @@ def decide(
         return Decision(
             push=True, reason="current table uses unprofiled k", new=new, current=current
         )
+    stood = _stood_on(estimates, current, new, weights, max_batch, view.num_speculative_tokens)
     if before_trial is not None:
-        return Decision(push=True, reason="trial ended", new=new, current=current, gain=gain)
+        return Decision(
+            push=True, reason="trial ended", new=new, current=current, gain=gain, stood_on=stood
+        )
     if force:
         return Decision(
             push=True,
@@ -170,10 +177,16 @@ def decide(
             new=new,
             current=current,
             gain=gain,
+            stood_on=stood,
         )
     if gain > settings.min_gain:
         return Decision(
-            push=True, reason=f"predicted gain {gain:+.2%}", new=new, current=current, gain=gain
+            push=True,
+            reason=f"predicted gain {gain:+.2%}",
+            new=new,
+            current=current,
+            gain=gain,
+            stood_on=stood,
         )
     return Decision(
         push=False,
@@ -204,6 +217,30 @@ def loaded_cell(load_weights: Mapping[int, float], max_batch: int) -> tuple[int,
     batch = min(max(1, max(weights, key=lambda b: weights[b])), max_batch)
     low, high = cell_of(batch)
     return batch, low, min(high, max_batch)
+
+
+def _stood_on(
+    estimates: Estimates,
+    current: Sequence[Range],
+    new: Sequence[Range],
+    weights: Mapping[int, float],
+    max_batch: int,
+    big_k: int,
+) -> tuple[int, int, float] | None:
+    """The k ``new`` puts in at the heaviest loaded batch size where it has not run
+    ``MEASURED_STEPS`` steps as its cell's main k, with its T_hat there; None otherwise (the k
+    stays, has run there, or no run counts are known)."""
+    cell = loaded_cell(weights, max_batch)
+    if cell is None or estimates.run_steps is None:
+        return None
+    batch = cell[0]
+    k = dense_lookup(new, max_batch, big_k)[batch]
+    ks = estimates.step_times.ks
+    if k == dense_lookup(current, max_batch, big_k)[batch] or k not in ks:
+        return None
+    if estimates.run_steps[ks.index(k), batch - 1] >= MEASURED_STEPS:
+        return None
+    return k, batch, float(estimates.step_times.at(batch, k))
 
 
 def _bursts_only(

@@ -13,6 +13,7 @@ from tabletune.daemon.alerts import Alert, AlertSink
 from tabletune.daemon.apply import Applied
 from tabletune.daemon.guard import PendingCheck
 from tabletune.daemon.metrics import DaemonMetrics
+from tabletune.daemon.oversold import StoodOn
 from tabletune.daemon.plan import PushTable, RollBack
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
@@ -118,6 +119,8 @@ class Outcomes:
         )
         if rt.trial is not None:
             rt.tried_at[(rt.trial.k, cell_of(rt.trial.batch)[0])] = now
+        stood = decision.stood_on if decision.trial is None else None
+        rt.stood_on = None if stood is None else StoodOn(*stood, at=now)
         if self.settings.guard.enabled and old is not None and decision.trial is None:
             # Only samples of the table this push replaces: since the previous push, if recent.
             start = max(now - self.settings.guard.window_s, previous_push or 0.0)

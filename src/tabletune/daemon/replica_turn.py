@@ -31,6 +31,7 @@ from tabletune.daemon.guard import goodput_sample, view_ranges
 from tabletune.daemon.metrics import DaemonMetrics
 from tabletune.daemon.observation import Observation
 from tabletune.daemon.outcomes import Outcomes
+from tabletune.daemon.oversold import held_to_runs, learned
 from tabletune.daemon.plan import (
     PlanInputs,
     ReplicaPlan,
@@ -113,7 +114,9 @@ class ReplicaTurn:
         if obs.reset:
             rt.step_time.clear()  # the engine restarted, perhaps with other settings
         self.settings.step_time.feed(rt.step_time, obs.step_cells, now)
-        estimate = rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma)
+        estimate = self._held_to_runs(
+            rt, rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma), now
+        )
         self.checks.step_time(rt, obs.step_cells, now)
         self.checks.profile_setup(rt, now)  # against the last view read (a cycle late at first)
         self.checks.plugin(rt, now)
@@ -121,6 +124,33 @@ class ReplicaTurn:
             rt, obs, unit, rebuilt, now, report, admin, self.admin_for(rt.admin_url), estimate
         )
         self._with_view(turn, then=partial(self._plan_and_apply, turn))
+
+    def _held_to_runs(
+        self, rt: ReplicaRuntime, estimate: StepTimeEstimate, now: float
+    ) -> StepTimeEstimate:
+        """The estimate with each k the replica's runs showed oversold held to its run, after
+        reading this cycle's run of a k a push put in (daemon.oversold)."""
+        decision = self.settings.decision
+        before = dict(rt.oversold)
+        rt.stood_on, rt.oversold = learned(
+            rt.stood_on,
+            rt.oversold,
+            estimate,
+            now,
+            keep_s=decision.oversold_for_s,
+            wait_s=decision.trial_max_s,
+        )
+        for (k, low), (factor, since) in rt.oversold.items():
+            if before.get((k, low)) != (factor, since):
+                log.info(
+                    "estimate oversold a k: held to its run",
+                    replica=rt.replica,
+                    k=k,
+                    cell_from=low,
+                    run_over_estimate=round(factor, 3),
+                    for_s=decision.oversold_for_s,
+                )
+        return held_to_runs(estimate, {key: f for key, (f, _) in rt.oversold.items()})
 
     def _plan_and_apply(self, turn: Turn, view: TableView) -> None:
         """The rest of the replica's cycle once its table is known: plan, then send the

@@ -10,6 +10,7 @@ from tabletune.admin.protocol import TableView
 from tabletune.daemon.decide import Decision
 from tabletune.daemon.guard import GoodputHistory, PendingCheck
 from tabletune.daemon.loads import LoadTracker
+from tabletune.daemon.oversold import Oversold, StoodOn
 from tabletune.daemon.profiles import PoolProfile
 from tabletune.daemon.state import ReplicaRecord, TrialRecord
 from tabletune.daemon.step_time import StepTimeEstimator
@@ -42,6 +43,10 @@ class ReplicaRuntime:
     trial: Trial | None = None  # a trial in force (daemon.trial), until a decision settles it
     # When each (k, first batch size of its cell) was last tried: not again within retry_s.
     tried_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    # The last push that put a k in where it had not run, until that k's run is read there.
+    stood_on: StoodOn | None = None
+    # k whose run read slower than the push that put them in stood on (daemon.oversold).
+    oversold: Oversold = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         saved = self.record.trial

@@ -248,6 +248,12 @@ class DecisionSettings(_Group):
         description="a k tried at a batch cell is not tried there again for this long, "
         "even when a traffic shift has cleared what was measured of it",
     )
+    oversold_for_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="a k pushed in on an estimate its own run then read slower is held to that "
+        "run where it was pushed, while it does not run there, for this long (0: never)",
+    )
     first_sight_from_prior: bool = Field(
         default=True,
         description=(
