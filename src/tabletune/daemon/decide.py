@@ -165,28 +165,18 @@ def decide(
         return Decision(
             push=True, reason="current table uses unprofiled k", new=new, current=current
         )
-    stood = _stood_on(estimates, current, new, weights, max_batch, view.num_speculative_tokens)
     if before_trial is not None:
+        reason = "trial ended"
+    elif force:
+        reason = "replica restarted: restore the table"
+    elif gain > settings.min_gain:
+        reason = f"predicted gain {gain:+.2%}"
+    else:
+        reason = ""
+    if reason:
+        stood = _stood_on(estimates, current, new, weights, max_batch, view.num_speculative_tokens)
         return Decision(
-            push=True, reason="trial ended", new=new, current=current, gain=gain, stood_on=stood
-        )
-    if force:
-        return Decision(
-            push=True,
-            reason="replica restarted: restore the table",
-            new=new,
-            current=current,
-            gain=gain,
-            stood_on=stood,
-        )
-    if gain > settings.min_gain:
-        return Decision(
-            push=True,
-            reason=f"predicted gain {gain:+.2%}",
-            new=new,
-            current=current,
-            gain=gain,
-            stood_on=stood,
+            push=True, reason=reason, new=new, current=current, gain=gain, stood_on=stood
         )
     return Decision(
         push=False,
