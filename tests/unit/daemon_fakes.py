@@ -82,6 +82,8 @@ class ModelEngine:
     load: int = 16
     step_scale: float = 1.0  # live step time / profile (profile drift)
     k_scale: dict[int, float] = field(default_factory=dict)  # serving slows this k only
+    # ... and this k's steps amid another k's run (bursts) by this: bursts that misread it
+    burst_scale: dict[int, float] = field(default_factory=dict)
     prefill_tokens_per_step: float = 0.0  # prompt tokens riding along each decode step
     totals: dict[str, float] = field(default_factory=dict)
     drafted: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
@@ -107,10 +109,12 @@ class ModelEngine:
                 shares[other] = shares.get(other, 0.0) + share
         shares[k] = 2.0 - sum(shares.values())
         for step_k, share in shares.items():
-            self._run_at(step_k, seconds * share)
+            amid = self.burst_scale.get(step_k, 1.0) if step_k != k else 1.0
+            self._run_at(step_k, seconds * share, amid)
 
-    def _run_at(self, k: int, seconds: float) -> None:
+    def _run_at(self, k: int, seconds: float, amid: float = 1.0) -> None:
         step_ms = self.step_times.at(self.load, k) * self.step_scale * self.k_scale.get(k, 1.0)
+        step_ms *= amid
         steps = seconds * 1000.0 / step_ms
         requests = steps * self.load
         for i in range(k):

@@ -532,6 +532,38 @@ def test_a_k_slower_in_serving_than_profiled_is_replaced_at_the_load_it_hurts() 
     assert ran.goodput[47] >= 0.985 * best.best_fixed_goodput[47]
 
 
+def k3_pushes_after_a_shift(**env: str) -> tuple[int, list[int]]:
+    """k=3 runs 1.6x slower than profiled at B=48 but its bursts, amid k=2's run, read it as
+    profiled (as bursts read k=1 at 0.82 of its run on the H200 at decode-heavy B≈254): the
+    first decision puts k=3 in on the profile's promise, its run reads slow, k=2 comes back.
+    Then every step slows by 30 % (the shift check clears what the cell knew of k=3's run) and
+    the bursts read k=3 fast again. The k at 48 cycle by cycle after that shift, and how many
+    pushes put k=3 in before it."""
+    rig = Rig(settings_with(**env))
+    engine = rig.engines["r1"]
+    engine.load = 48
+    engine.k_scale, engine.burst_scale = {3: 1.6}, {3: 1 / 1.6}
+    seen = []
+    for _ in range(12):
+        rig.cycles(1)
+        seen.append(engine.state.k_for(48))
+    first = sum(1 for a, b in zip([2, *seen], seen, strict=False) if b == 3 and a != 3)
+    assert seen[-1] != 3
+    engine.step_scale = 1.3
+    after = []
+    for _ in range(16):
+        rig.cycles(1)
+        after.append(engine.state.k_for(48))
+    return first, after
+
+
+def test_a_k_whose_run_read_slower_than_its_estimate_is_not_put_back_on_its_bursts() -> None:
+    first, held = k3_pushes_after_a_shift()
+    assert first == 1 and 3 not in held
+    first, unheld = k3_pushes_after_a_shift(DECISION__OVERSOLD_FOR_S="0")
+    assert first == 1 and 3 in unheld  # what the H200's daemon did, before
+
+
 def replica_series(rig: Rig, replica: str) -> list[str]:
     return [
         sample.name
