@@ -12,7 +12,7 @@ the same k again. On the H200 at decode-heavy B≈254 (2026-12-02 08:33 UTC) bur
 at 0.82 of its run (they take prompts in less often than its run does, and a k=1 step with a
 prompt leaves the CUDA graph), the daemon pushed k=1 at 23.5 ms, it ran at 40 ms, the daemon
 went back to k=0, the shift check fired 18 s later, and the bursts had k=1 pushed again: three
-times in 150 s (docs/results.md, "Pushed on bursts, three times").
+times in 150 s (docs/results.md, "At dda561f").
 """
 
 from __future__ import annotations
