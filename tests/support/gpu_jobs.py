@@ -11,11 +11,24 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from tests.support.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "bench" / "gpu"
+
+
+def engine_state(raw: dict[str, Any]) -> Any:
+    """The table state a recorded GPU launch's engine started with (its captured k), from the
+    raw run's speculative config, for replaying its windows' tables as views."""
+    from tabletune.admin.state import TableState
+
+    return TableState.initial(
+        raw["meta"]["speculative_config"]["num_speculative_tokens_per_batch_size"],
+        num_speculative_tokens=3,
+        max_num_seqs=256,
+    )
 
 
 def load_gpu_module(name: str) -> ModuleType:

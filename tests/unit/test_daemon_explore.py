@@ -32,7 +32,7 @@ from tabletune.daemon.step_time import (
 )
 from tabletune.solver import Range, StepTimes, dense_lookup
 from tabletune.step_cells import StepCellCounter
-from tests.support.gpu_jobs import load_gpu_module
+from tests.support.gpu_jobs import engine_state, load_gpu_module
 
 GRID = (1, 8, 16, 64, 128, 256)
 KS = (0, 1, 2, 3)
@@ -259,17 +259,12 @@ def test_h200_b254_k0_stays_and_comes_back_once_k3_ran() -> None:
     # stays; where the live run had put k=3 in, the daemon goes back to k=0, not on to k=1.
     from tabletune import __version__
     from tabletune.admin.protocol import EngineIdentity, TablePut
-    from tabletune.admin.state import TableState
     from tabletune.daemon.decide import Estimates, decide
     from tabletune.daemon.settings import load_settings
 
     raw = json.loads(H200_B254.read_text())
     rates = tuple(raw["meta"]["synthetic_rates"])
-    captured = TableState.initial(
-        raw["meta"]["speculative_config"]["num_speculative_tokens_per_batch_size"],
-        num_speculative_tokens=3,
-        max_num_seqs=256,
-    )
+    captured = engine_state(raw)
     settings = load_settings({}).decision
     k_at_254 = []
     for window, _, estimate, _ in load_gpu_module("burst_vs_run").replayed(

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from tabletune import __version__
 from tabletune.admin.protocol import EngineIdentity, TablePut
-from tabletune.admin.state import TableState
 from tabletune.daemon.decide import Estimates, decide
 from tabletune.daemon.oversold import (
     Oversold,
@@ -32,7 +31,7 @@ from tabletune.daemon.step_time import (
 )
 from tabletune.solver import dense_lookup, tau
 from tabletune.step_cells import cell_of
-from tests.support.gpu_jobs import load_gpu_module
+from tests.support.gpu_jobs import engine_state, load_gpu_module
 from tests.unit.test_daemon_explore import estimate_with
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,11 +128,7 @@ def h200_k1_pushes(hold: bool) -> tuple[list[float], dict[float, float], Oversol
     what it holds at the end."""
     raw = json.loads(H200_B254_FLIPS.read_text())
     rates = tuple(raw["meta"]["synthetic_rates"])
-    captured = TableState.initial(
-        raw["meta"]["speculative_config"]["num_speculative_tokens_per_batch_size"],
-        num_speculative_tokens=3,
-        max_num_seqs=256,
-    )
+    captured = engine_state(raw)
     shift_replay = load_gpu_module("shift_replay")
     pool = load_pools(
         load_settings(
