@@ -448,6 +448,24 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
     assert again.controller._saved_replicas["r1"].pushed == [list(r) for r in rig.oracle(PRIOR)]
 
 
+def test_a_k_held_to_its_run_is_still_held_after_a_restart(tmp_path: Path) -> None:
+    rig = Rig(settings_with(), state_dir=tmp_path)
+    engine = rig.engines["r1"]
+    engine.load = 48
+    engine.k_scale, engine.burst_scale = {3: 1.6}, {3: 1 / 1.6}
+    rig.cycles(12)  # k=3 put in on the profile's promise, its run read slow, k=2 back
+    held = rig.controller.replicas["r1"].oversold
+    assert list(held) == [(3, 41)] and 1.4 < held[(3, 41)][0] < 1.8
+    again = Rig(settings_with(), state_dir=tmp_path)
+    again.controller.restore()
+    again.source.engines = rig.engines
+    again.admins = rig.admins
+    again.clock.now = rig.clock.now
+    again.cycles(2)  # the first reading of the counters is a baseline: the replica comes back
+    assert again.controller.replicas["r1"].oversold == held
+    assert rig.engines["r1"].state.k_for(48) != 3
+
+
 def test_corrupt_state_is_moved_aside_and_reported(tmp_path: Path) -> None:
     (tmp_path / "daemon-state.json").write_text('{"schema_version": 1, "units": {"r1": 3}')
     rig = Rig(settings_with(), state_dir=tmp_path)

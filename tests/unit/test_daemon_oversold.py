@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,9 +22,10 @@ from tabletune.daemon.oversold import (
     learned,
     run_over_estimate,
 )
-from tabletune.daemon.profiles import load_pools
+from tabletune.daemon.profiles import load_pools, make_pool
 from tabletune.daemon.setting_groups import StepTimeSettings
 from tabletune.daemon.settings import load_settings
+from tabletune.daemon.state import DaemonState, ReplicaRecord, StateStore
 from tabletune.daemon.step_time import (
     MEASURED_STEPS,
     StepTimeEstimate,
@@ -32,9 +35,11 @@ from tabletune.daemon.step_time import (
 from tabletune.solver import dense_lookup, tau
 from tabletune.step_cells import cell_of
 from tests.support.gpu_jobs import engine_state, load_gpu_module
+from tests.unit.daemon_fakes import replica_runtime, small_profile
 from tests.unit.test_daemon_explore import estimate_with
 
 ROOT = Path(__file__).resolve().parents[2]
+POOL = make_pool(small_profile(), None)
 
 
 def with_runs(estimate: StepTimeEstimate, k: int, batch: int, steps: float) -> StepTimeEstimate:
@@ -194,3 +199,44 @@ def test_h200_b254_k1_once_oversold_is_not_pushed_again_on_its_bursts() -> None:
     # to its run, k=1 stays well behind.
     assert max(r for t, r in unheld_ratio.items() if 33 < t < 50) > 1.1
     assert max(r for t, r in held_ratio.items() if 33 < t < 50) < 0.75
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"k": 1, "cell_from": 249, "factor": 1.0, "since": 9_000.0},
+        {"k": 1, "cell_from": 249, "factor": "NaN", "since": 9_000.0},
+        {"k": -1, "cell_from": 249, "factor": 1.7, "since": 9_000.0},
+        {"k": 1, "cell_from": 0, "factor": 1.7, "since": 9_000.0},
+        {"k": 1, "cell_from": 249, "factor": 1.7},
+    ],
+    ids=["not above 1", "not a number", "negative k", "no cell", "no since"],
+)
+def test_a_saved_hold_that_is_not_one_is_moved_aside_not_restored(
+    tmp_path: Path, record: dict[str, object]
+) -> None:
+    store = StateStore(tmp_path)
+    store.path.write_text(json.dumps({"replicas": {"r1": {"oversold": [record]}}}))
+    fresh, problem = store.load()
+    assert problem is not None and "moved aside" in problem
+    assert fresh == DaemonState()
+
+
+@given(
+    held=st.dictionaries(
+        st.tuples(st.integers(0, 3), st.sampled_from((1, 121, 249))),
+        st.tuples(st.floats(1.001, 10.0), st.floats(0.0, 2e9)),
+        max_size=4,
+    )
+)
+def test_what_a_replica_holds_survives_the_state_file(held: Oversold) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        record = ReplicaRecord()
+        replica_runtime(POOL, load=48, record=record).set_oversold(dict(held))
+        store = StateStore(Path(folder))
+        store.save(DaemonState(replicas={"r1": record}))
+        saved, problem = store.load()
+    assert problem is None
+    # As the controller builds a replica's memory: from its saved record.
+    restored = replace(replica_runtime(POOL, load=48), record=saved.replicas["r1"])
+    assert restored.oversold == held

@@ -132,7 +132,7 @@ class ReplicaTurn:
         reading this cycle's run of a k a push put in (daemon.oversold)."""
         decision = self.settings.decision
         before = dict(rt.oversold)
-        rt.stood_on, rt.oversold = learned(
+        rt.stood_on, oversold = learned(
             rt.stood_on,
             rt.oversold,
             estimate,
@@ -140,6 +140,8 @@ class ReplicaTurn:
             keep_s=decision.oversold_for_s,
             wait_s=decision.trial_max_s,
         )
+        if oversold != before:
+            rt.set_oversold(oversold)
         for (k, low), (factor, since) in rt.oversold.items():
             if before.get((k, low)) != (factor, since):
                 log.info(

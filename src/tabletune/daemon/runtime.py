@@ -12,7 +12,7 @@ from tabletune.daemon.guard import GoodputHistory, PendingCheck
 from tabletune.daemon.loads import LoadTracker
 from tabletune.daemon.oversold import Oversold, StoodOn
 from tabletune.daemon.profiles import PoolProfile
-from tabletune.daemon.state import ReplicaRecord, TrialRecord
+from tabletune.daemon.state import OversoldRecord, ReplicaRecord, TrialRecord
 from tabletune.daemon.step_time import StepTimeEstimator
 from tabletune.daemon.trial import Trial
 
@@ -45,7 +45,8 @@ class ReplicaRuntime:
     tried_at: dict[tuple[int, int], float] = field(default_factory=dict)
     # The last push that put a k in where it had not run, until that k's run is read there.
     stood_on: StoodOn | None = None
-    # k whose run read slower than the push that put them in stood on (daemon.oversold).
+    # k whose run read slower than the push that put them in stood on (daemon.oversold), kept
+    # in the saved record too (set_oversold).
     oversold: Oversold = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -53,6 +54,16 @@ class ReplicaRuntime:
         if self.trial is None and saved is not None:  # restored: the trial goes on
             before = tuple((int(s), int(e), int(k)) for s, e, k in saved.before)
             self.trial = Trial(saved.k, saved.batch, before, saved.started_at)
+        if not self.oversold:  # restored: what its runs showed still holds
+            self.oversold = {(o.k, o.cell_from): (o.factor, o.since) for o in self.record.oversold}
+
+    def set_oversold(self, oversold: Oversold) -> None:
+        """The k held to their runs, kept in the saved record too."""
+        self.oversold = oversold
+        self.record.oversold = [
+            OversoldRecord(k=k, cell_from=low, factor=factor, since=since)
+            for (k, low), (factor, since) in sorted(oversold.items())
+        ]
 
     def set_trial(self, trial: Trial | None) -> None:
         """The trial in force, kept in the saved record too."""

@@ -59,6 +59,18 @@ class TrialRecord(BaseModel):
         return before
 
 
+class OversoldRecord(BaseModel):
+    """A k its estimate oversold at a batch cell (daemon.oversold): by how much, and since when
+    (wall-clock seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k: int = Field(ge=0)
+    cell_from: int = Field(ge=1)  # the cell's first batch size
+    factor: float = Field(gt=1.0, allow_inf_nan=False)
+    since: float = Field(allow_inf_nan=False)
+
+
 class ReplicaRecord(BaseModel):
     """The tables the daemon pushed to one replica."""
 
@@ -71,6 +83,8 @@ class ReplicaRecord(BaseModel):
     # A trial in force when the state was saved: a restarted daemon settles it instead of
     # taking the trial's table for its own.
     trial: TrialRecord | None = None
+    # The k it holds to their runs: a restarted daemon does not push them again on their bursts.
+    oversold: list[OversoldRecord] = Field(default_factory=list)
 
 
 class DaemonState(BaseModel):
