@@ -20,6 +20,7 @@ from tabletune.daemon.plan import (
     RollBack,
     SetPluginSettings,
     doubled_to,
+    kept_or_doubled,
     load_moved,
     min_range_width,
     plan_replica,
@@ -205,6 +206,27 @@ def test_acceptance_exploration_runs_at_its_interval_doubled_past_its_spacing(
     assert plan.effects[0].exploration_interval == 0  # off stays off, whatever its price
 
 
+@pytest.mark.parametrize(
+    ("running", "spacing", "interval"),
+    [
+        (400, 136, 400),  # wanted 200: the running 400 is within twice it, kept
+        (400, 90, 100),  # wanted 100: 400 is more than twice it, down
+        (200, 300, 400),  # wanted 400: 200 is too close, up
+        (300, 136, 200),  # not a doubling of the setting: set
+        (800, 136, 200),  # more than twice: down
+    ],
+)
+def test_a_running_acceptance_interval_within_twice_its_price_is_kept(
+    running: int, spacing: int, interval: int
+) -> None:
+    # At decode-heavy B≈254 on the H200 the price hovered around 200 steps and the daemon set
+    # 200, 400, 200, ... cycle after cycle (a settings PUT each time).
+    inputs = _inputs(view=_view(exploration=running), explore_ks=(1,), exploration_spacing=spacing)
+    plan = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)
+    got = running if not plan.effects else plan.effects[0].exploration_interval
+    assert got == interval
+
+
 def test_no_bursts_stay_off_whatever_their_price() -> None:
     inputs = _inputs(explore_ks=(), explore_spacing=500)
     plan = plan_replica(_runtime(), inputs, settings=SETTINGS, dry_run=False)
@@ -219,6 +241,16 @@ def test_doubling_reaches_the_spacing_within_twice_it_and_the_api_bound(
     assert doubled <= 1_000_000 and doubled % interval == 0
     assert doubled >= spacing or doubled * 2 > 1_000_000
     assert doubled == interval or doubled < 2 * spacing
+
+
+@given(st.integers(1, 4096), st.integers(0, 100_000), st.integers(0, 2_000_000))
+def test_a_kept_interval_is_a_doubling_past_the_spacing_within_twice_the_wanted(
+    interval: int, running: int, spacing: int
+) -> None:
+    got, wanted = kept_or_doubled(running, interval, spacing), doubled_to(interval, spacing)
+    assert got in (running, wanted) and wanted <= got <= 2 * wanted
+    ratio = got // interval
+    assert got % interval == 0 and ratio & (ratio - 1) == 0
 
 
 def _held_back_inputs() -> PlanInputs:

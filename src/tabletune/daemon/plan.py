@@ -85,7 +85,7 @@ def wanted_settings(
     re-check interval when ``sparse`` (``explore.sparse_bursts``), and at least ``spacing``
     steps apart (their price: ``explore.priced_spacing``). The acceptance exploration's steps
     at least ``exploration_spacing`` apart (``explore.acceptance_spacing``), its interval
-    doubled to it."""
+    doubled to it (``kept_or_doubled``)."""
     w = settings.plugin
     interval = w.neighbour_interval if explore_ks is None or explore_ks else 0
     if explore_ks and sparse and w.neighbour_recheck_interval:
@@ -94,7 +94,7 @@ def wanted_settings(
         interval = doubled_to(interval, spacing)
     exploration = w.exploration_interval
     if exploration:
-        exploration = doubled_to(exploration, exploration_spacing)
+        exploration = kept_or_doubled(view.exploration_interval, exploration, exploration_spacing)
     wanted = SetPluginSettings(
         exploration, w.hysteresis, interval, w.neighbour_burst, explore_ks or ()
     )
@@ -117,6 +117,17 @@ def doubled_to(interval: int, spacing: int) -> int:
     while interval < spacing and interval * 2 <= MAX_NEIGHBOUR_INTERVAL:
         interval *= 2
     return interval
+
+
+def kept_or_doubled(running: int, interval: int, spacing: int) -> int:
+    """``interval`` doubled to ``spacing``, or the ``running`` one while it is such a doubling
+    at most twice that: a price hovering at a doubling does not flip the setting cycle after
+    cycle (at decode-heavy B≈254 on the H200 the acceptance exploration's went 200, 400, 200...
+    with a settings PUT each time)."""
+    wanted = doubled_to(interval, spacing)
+    ratio, rest = divmod(running, interval)
+    doubling = rest == 0 and ratio > 0 and ratio & (ratio - 1) == 0
+    return running if doubling and wanted <= running <= 2 * wanted else wanted
 
 
 # a_hat must move by more than this (absolute, at some position) to call for a new decision:
