@@ -66,8 +66,9 @@ def sweep(arm: dict[str, str], loads: Sequence[int], seeds: int) -> dict[str, An
                 "seed": seed, "final_k": result["table_k_by_time"][-1][1],
                 "table_loss": result["table_loss"], "measured_loss": result["measured_loss"],
             })  # fmt: skip
-        out[str(load)] = {**summed(runs), "per_seed": runs}
-        print(f"{arm or 'defaults'} B={load}: {json.dumps(summed(runs))}", flush=True)
+        summary = summed(runs)
+        out[str(load)] = {**summary, "per_seed": runs}
+        print(f"{arm or 'defaults'} B={load}: {json.dumps(summary)}", flush=True)
     return out
 
 

@@ -450,9 +450,7 @@ def test_state_survives_a_restart(tmp_path: Path) -> None:
 
 def test_a_k_held_to_its_run_is_still_held_after_a_restart(tmp_path: Path) -> None:
     rig = Rig(settings_with(), state_dir=tmp_path)
-    engine = rig.engines["r1"]
-    engine.load = 48
-    engine.k_scale, engine.burst_scale = {3: 1.6}, {3: 1 / 1.6}
+    k3_misread_by_bursts(rig)
     rig.cycles(12)  # k=3 put in on the profile's promise, its run read slow, k=2 back
     held = rig.controller.replicas["r1"].oversold
     assert list(held) == [(3, 41)] and 1.4 < held[(3, 41)][0] < 1.8
@@ -550,6 +548,15 @@ def test_a_k_slower_in_serving_than_profiled_is_replaced_at_the_load_it_hurts() 
     assert ran.goodput[47] >= 0.985 * best.best_fixed_goodput[47]
 
 
+def k3_misread_by_bursts(rig: Rig) -> ModelEngine:
+    """Replica r1 at B=48, where k=3 runs 1.6x slower than profiled but its bursts, amid
+    another k's run, read it as profiled."""
+    engine = rig.engines["r1"]
+    engine.load = 48
+    engine.k_scale, engine.burst_scale = {3: 1.6}, {3: 1 / 1.6}
+    return engine
+
+
 def k3_pushes_after_a_shift(**env: str) -> tuple[int, list[int]]:
     """k=3 runs 1.6x slower than profiled at B=48 but its bursts, amid k=2's run, read it as
     profiled (as bursts read k=1 at 0.82 of its run on the H200 at decode-heavy B≈254): the
@@ -558,9 +565,7 @@ def k3_pushes_after_a_shift(**env: str) -> tuple[int, list[int]]:
     the bursts read k=3 fast again. The k at 48 cycle by cycle after that shift, and how many
     pushes put k=3 in before it."""
     rig = Rig(settings_with(**env))
-    engine = rig.engines["r1"]
-    engine.load = 48
-    engine.k_scale, engine.burst_scale = {3: 1.6}, {3: 1 / 1.6}
+    engine = k3_misread_by_bursts(rig)
     seen = []
     for _ in range(12):
         rig.cycles(1)

@@ -135,6 +135,8 @@ def h200_k1_pushes(hold: bool) -> tuple[list[float], dict[float, float], Oversol
     rates = tuple(raw["meta"]["synthetic_rates"])
     captured = engine_state(raw)
     shift_replay = load_gpu_module("shift_replay")
+    load_gpu_module("live_daemon_report")  # change_replay imports both by name
+    batch_weights = load_gpu_module("change_replay").batch_weights
     pool = load_pools(
         load_settings(
             {"TABLETUNE_PROFILE__PATHS": str(ROOT / raw["meta"]["daemon"]["profile"])}
@@ -178,13 +180,13 @@ def h200_k1_pushes(hold: bool) -> tuple[list[float], dict[float, float], Oversol
                 run_steps=estimate.ran[:, columns],
             ),
             view=view,
-            load_weights={round(t.requests / t.steps): t.steps for t in cells.values() if t.steps},
+            load_weights=batch_weights(cells),
             settings=settings,
             min_width=5,
         )
-        if decision.push and decision.stood_on is not None and decision.stood_on[0] == 1:
+        if decision.push and decision.stood_on is not None and decision.stood_on.k == 1:
             pushes.append(round(elapsed, 1))
-            stood = stood or StoodOn(*decision.stood_on, at=elapsed)
+            stood = stood or replace(decision.stood_on, at=elapsed)
     return pushes, k1_over_k0, oversold
 
 

@@ -362,7 +362,7 @@ def test_a_push_putting_a_k_in_keeps_what_it_stood_on_and_a_trial_does_not() -> 
     rt, view = _runtime(), _view(TRIAL_TABLE)
     push = Decision(
         push=True, reason="predicted gain", new=tuple(map(tuple, TRIAL_TABLE)),  # type: ignore[arg-type]
-        current=tuple(map(tuple, AFTER_MOVE)), stood_on=(2, LOAD, 17.2),  # type: ignore[arg-type]
+        current=tuple(map(tuple, AFTER_MOVE)), stood_on=StoodOn(2, LOAD, 17.2),  # type: ignore[arg-type]
     )  # fmt: skip
     outcomes.record(rt, Applied(view=view, done=[PushTable(push)]), 500.0, CycleReport(500.0))
     assert rt.stood_on == StoodOn(k=2, batch=LOAD, step_time=17.2, at=500.0)

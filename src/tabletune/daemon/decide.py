@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tabletune.admin.protocol import TableView
+from tabletune.daemon.oversold import StoodOn
 from tabletune.daemon.settings import DecisionSettings
 from tabletune.daemon.step_time import MEASURED_STEPS
 from tabletune.schemas.table import Range, TableError, dense_lookup, normalize_ranges
@@ -40,8 +41,9 @@ class Decision:
     # A k put in to be measured on its own run (daemon.trial): (k, batch size it was tried at).
     trial: tuple[int, int] | None = None
     # A push putting a k in at the load's heaviest batch size where it has not run: that k,
-    # the batch size and its T_hat there (daemon.oversold holds it to its run if slower).
-    stood_on: tuple[int, int, float] | None = None
+    # the batch size and its T_hat there (daemon.oversold holds it to its run if slower); the
+    # push's time is set once it is made.
+    stood_on: StoodOn | None = None
 
     @property
     def edges_moved(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -216,7 +218,7 @@ def _stood_on(
     weights: Mapping[int, float],
     max_batch: int,
     big_k: int,
-) -> tuple[int, int, float] | None:
+) -> StoodOn | None:
     """The k ``new`` puts in at the heaviest loaded batch size where it has not run
     ``MEASURED_STEPS`` steps as its cell's main k, with its T_hat there; None otherwise (the k
     stays, has run there, or no run counts are known)."""
@@ -230,7 +232,7 @@ def _stood_on(
         return None
     if estimates.run_steps[ks.index(k), batch - 1] >= MEASURED_STEPS:
         return None
-    return k, batch, float(estimates.step_times.at(batch, k))
+    return StoodOn(k, batch, float(estimates.step_times.at(batch, k)))
 
 
 def _bursts_only(

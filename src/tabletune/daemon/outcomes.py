@@ -3,7 +3,7 @@ metrics, the alerts an operator sees (a table shifted, was rolled back, cannot b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -13,7 +13,6 @@ from tabletune.daemon.alerts import Alert, AlertSink
 from tabletune.daemon.apply import Applied
 from tabletune.daemon.guard import PendingCheck
 from tabletune.daemon.metrics import DaemonMetrics
-from tabletune.daemon.oversold import StoodOn
 from tabletune.daemon.plan import PushTable, RollBack
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
 from tabletune.daemon.settings import DaemonSettings
@@ -120,7 +119,7 @@ class Outcomes:
         if rt.trial is not None:
             rt.tried_at[(rt.trial.k, cell_of(rt.trial.batch)[0])] = now
         stood = decision.stood_on if decision.trial is None else None
-        rt.stood_on = None if stood is None else StoodOn(*stood, at=now)
+        rt.stood_on = None if stood is None else replace(stood, at=now)
         if self.settings.guard.enabled and old is not None and decision.trial is None:
             # Only samples of the table this push replaces: since the previous push, if recent.
             start = max(now - self.settings.guard.window_s, previous_push or 0.0)

@@ -30,7 +30,7 @@ from tabletune.step_cells import cell_of
 @dataclass(frozen=True)
 class StoodOn:
     """What a push that put ``k`` in at ``batch`` (where it had not run) stood on: T_hat there
-    in the estimate's units, and when the push was made."""
+    in the estimate's units, and when the push was made (0 until it is)."""
 
     k: int
     batch: int
@@ -65,23 +65,20 @@ def held_to_runs(
     """``estimate`` with T_hat of each oversold (k, first batch size of its cell), by how much,
     scaled up over that cell where k has not run since its traffic last changed (its own run
     speaks for it there otherwise)."""
-    ms = np.array(estimate.step_times.ms, dtype=float)
-    top = estimate.step_times.max_batch
-    changed = False
-    for (k, low), factor in oversold.items():
-        if factor <= 1.0 or k not in estimate.ks or low > top:
-            continue
-        if ran_there(estimate, k, low):
-            continue
-        high = min(cell_of(low)[1], top)
-        grid = np.asarray(estimate.step_times.grid)
-        columns = (grid >= low) & (grid <= high)
-        ms[estimate.ks.index(k), columns] *= factor
-        changed = True
-    if not changed:
+    times = estimate.step_times
+    held = [
+        (k, low, factor)
+        for (k, low), factor in oversold.items()
+        if factor > 1.0 and k in estimate.ks and low <= times.max_batch
+        and not ran_there(estimate, k, low)
+    ]  # fmt: skip
+    if not held:  # the common case, every cycle: no copy
         return estimate
-    times = StepTimes(grid=estimate.step_times.grid, ks=estimate.step_times.ks, ms=ms)
-    return replace(estimate, step_times=times)
+    ms = np.array(times.ms, dtype=float)
+    grid = np.asarray(times.grid)
+    for k, low, factor in held:
+        ms[estimate.ks.index(k), (grid >= low) & (grid <= cell_of(low)[1])] *= factor
+    return replace(estimate, step_times=StepTimes(grid=times.grid, ks=times.ks, ms=ms))
 
 
 Oversold = dict[tuple[int, int], tuple[float, float]]  # (k, cell's first B) -> (factor, since)
