@@ -1,6 +1,10 @@
 """Neighbour bursts against running: what a k's burst steps took next to what the same k took as
 a fixed arm, at the same batch cell, in the same launch (eval_traffic.py runs of blocks), and
-the spread of single steps' times of every fixed arm (``arm_step_spreads``).
+the spread of single steps' times of every fixed arm (``arm_step_spreads``). Where the bursts'
+error comes from (``error_sources``, also per shape): set beside what the steps' own spread
+explains, and beside a correction for the prompt tokens a burst carries (it runs amid the
+table's k, whose requests finish, and whose prompts arrive, at that k's pace) fed the run's own
+prompt tokens, the most such a correction could know.
 
 In a daemon part's window a cell's k with under a third of the busiest k's steps is a burst
 (the plugin's bursts are 3 timed steps every 32); the fixed arms' windows of the same load give
@@ -27,6 +31,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
@@ -49,12 +55,13 @@ TOKENS_MARGIN = 10.0  # tokens a step: B·(1+k) moves by a few as the cell's mea
 
 
 def _add(sums: dict[Any, list[float]], key: Any, cell: list[float]) -> None:
-    steps, seconds, seconds_sq, tokens = cell[3], cell[4], cell[5], cell[6]
-    total = sums.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+    steps, seconds, seconds_sq, tokens, requests = cell[3], cell[4], cell[5], cell[6], cell[7]
+    total = sums.setdefault(key, [0.0, 0.0, 0.0, 0.0, 0.0])
     total[0] += steps
     total[1] += seconds
     total[2] += tokens
     total[3] += seconds_sq
+    total[4] += requests
 
 
 def _step_sd_ms(steps: float, seconds: float, seconds_sq: float) -> float:
@@ -72,8 +79,8 @@ def by_batch_cell(window: Row) -> dict[tuple[int, int], list[list[float]]]:
 
 
 def burst_sums(windows: Iterable[Row]) -> dict[tuple[int, int, int], list[float]]:
-    """(k, low, high) -> steps, seconds, tokens, seconds squared of the burst steps in a daemon
-    part's windows."""
+    """(k, low, high) -> steps, seconds, tokens, seconds squared, requests of the burst steps in
+    a daemon part's windows."""
     sums: dict[Any, list[float]] = {}
     for window in windows:
         for (low, high), cells in by_batch_cell(window).items():
@@ -97,28 +104,108 @@ def arm_sums(windows: Iterable[Row]) -> dict[tuple[int, int, int], list[float]]:
     return sums
 
 
+def pure_decode_ms(raw: Row) -> Callable[[int, float], float] | None:
+    """The profile's step time (ms) of k at a batch size: pure decode, no prompt riding
+    along; None for a launch whose daemon had no profile."""
+    path = raw.get("meta", {}).get("daemon", {}).get("profile")
+    if not path:
+        return None
+    profile = make_pool(load_profile(ROOT / path), None).step_times
+    row = {k: i for i, k in enumerate(profile.ks)}
+    return lambda k, batch: float(np.interp(batch, profile.grid, profile.ms[row[k]]))
+
+
+def prompt_corrected(
+    burst_ms: float, pure_ms: float, burst_prompt: float, arm_prompt: float
+) -> float | None:
+    """What the burst's steps would take carrying the arm's prompt tokens, were a step's time
+    over its pure-decode time (the profile's) in proportion to the prompt tokens riding along
+    (a graph fall included); None where the burst's steps carried under one prompt token."""
+    if burst_prompt < 1.0:
+        return None
+    return pure_ms + (arm_prompt / burst_prompt) * (burst_ms - pure_ms)
+
+
+def log_ratio_sd(burst: list[float], arm: list[float], correlation: float) -> float:
+    """Standard error of log(burst mean / arm mean) from their steps' spreads, neighbouring
+    steps counted as ``1/correlation`` independent samples (the estimator's model)."""
+    total = 0.0
+    for steps, seconds, _tokens, seconds_sq, *_ in (burst, arm):
+        mean = seconds / steps
+        share = max(seconds_sq / steps - mean * mean, 0.0) / (mean * mean)
+        total += share * correlation / steps
+    return math.sqrt(total)
+
+
 def compare(raw: Row) -> list[Row]:
     out = []
     parts = sorted({w["part"] for w in raw["windows"] if w["part"].endswith("-daemon")})
+    pure = pure_decode_ms(raw)
+    correlation = StepTimeSettings().correlation
     for part in parts:
         load = part.removesuffix("-daemon")
         bursts = burst_sums(w for w in raw["windows"] if w["part"] == part)
         arms = arm_sums(w for w in raw["windows"] if w["part"] == f"{load}-arms")
-        for key, (steps, seconds, tokens, _sq) in sorted(bursts.items()):
+        for key, sums in sorted(bursts.items()):
+            steps, seconds, tokens, _sq, requests = sums
             own = arms.get(key)
             if steps < MIN_BURST_STEPS or own is None or own[0] < MIN_ARM_STEPS:
                 continue
+            k = key[0]
             burst_ms, arm_ms = 1000 * seconds / steps, 1000 * own[1] / own[0]
+            batch = requests / steps
+            # Scheduled tokens beyond B·(1+k) are prompt tokens riding along.
+            burst_prompt = tokens / steps - batch * (1 + k)
+            arm_prompt = own[2] / own[0] - own[4] / own[0] * (1 + k)
+            pure_ms = pure(k, batch) if pure is not None else None
+            corrected = (
+                prompt_corrected(burst_ms, pure_ms, burst_prompt, arm_prompt)
+                if pure_ms is not None
+                else None
+            )
+            noise = log_ratio_sd(sums, own, correlation)
             out.append({
-                "load": load, "k": key[0], "cell": [key[1], key[2]],
+                "load": load, "k": k, "cell": [key[1], key[2]],
                 "burst_steps": int(steps), "burst_ms": round(burst_ms, 2),
                 "burst_tokens_per_step": round(tokens / steps, 1),
                 "arm_steps": int(own[0]), "arm_ms": round(arm_ms, 2),
                 "arm_step_sd_ms": round(_step_sd_ms(own[0], own[1], own[3]), 2),
                 "arm_tokens_per_step": round(own[2] / own[0], 1),
                 "ratio": round(burst_ms / arm_ms, 3),
+                "burst_prompt_tokens_per_step": round(burst_prompt, 1),
+                "arm_prompt_tokens_per_step": round(arm_prompt, 1),
+                "pure_decode_ms": None if pure_ms is None else round(pure_ms, 2),
+                "ratio_prompt_corrected":
+                    None if corrected is None else round(corrected / arm_ms, 3),
+                "log_ratio_sd": round(noise, 4),
             })  # fmt: skip
     return out
+
+
+def error_sources(pairs: list[Row]) -> Row:
+    """How far the bursts read from their k's run (mean |log ratio|), against what the steps'
+    own spread explains (the pairs past twice their standard error) and against a correction
+    for the prompt tokens a burst carries beside its run's, fed the run's own prompt tokens
+    (the best such a correction could know): if it leaves the error as it was, the bursts'
+    error is not the prompts they carry."""
+    if not pairs:
+        return {"pairs": 0}
+    logs = [abs(math.log(p["ratio"])) for p in pairs]
+    corrected = [p for p in pairs if (p.get("ratio_prompt_corrected") or 0.0) > 0.0]
+    beyond = [p for p in pairs if abs(math.log(p["ratio"])) > 2 * p["log_ratio_sd"]]
+    return {
+        "pairs": len(pairs),
+        "mean_abs_log_ratio": round(statistics.mean(logs), 4),
+        "median_log_ratio_sd": round(statistics.median(p["log_ratio_sd"] for p in pairs), 4),
+        "share_past_two_sd": round(len(beyond) / len(pairs), 3),
+        "prompt_corrected_pairs": len(corrected),
+        "mean_abs_log_ratio_of_those": round(
+            statistics.mean(abs(math.log(p["ratio"])) for p in corrected), 4
+        ) if corrected else None,
+        "mean_abs_log_ratio_prompt_corrected": round(
+            statistics.mean(abs(math.log(p["ratio_prompt_corrected"])) for p in corrected), 4
+        ) if corrected else None,
+    }  # fmt: skip
 
 
 def switch_steps(raw: Row) -> list[Row]:
@@ -174,6 +261,11 @@ def by_tokens_carried(pairs: list[Row], *, margin: float) -> Row:
     }
 
 
+def _shape(load: str) -> str:
+    """A load's traffic shape: its name less the clients (``decode-heavy-B256``)."""
+    return load.rsplit("-B", 1)[0]
+
+
 def per_shape_slopes(pairs: list[Row]) -> Row:
     """Per traffic shape (the load's name less its clients): what a token more a step cost, by
     least squares through zero of the arm's step time less the burst's on the arm's tokens a
@@ -181,7 +273,7 @@ def per_shape_slopes(pairs: list[Row]) -> Row:
     the shapes' prompt lengths."""
     shapes: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for p in pairs:
-        shape = p["load"].rsplit("-B", 1)[0]
+        shape = _shape(p["load"])
         tokens = p["arm_tokens_per_step"] - p["burst_tokens_per_step"]
         shapes[shape].append((tokens, p["arm_ms"] - p["burst_ms"]))
     out: Row = {}
@@ -223,7 +315,7 @@ def arm_spreads(raw: Row) -> list[Row]:
     )
     for load in loads:
         arms = arm_sums(w for w in raw["windows"] if w["part"] == f"{load}-arms")
-        for (k, low, high), (steps, seconds, _tokens, seconds_sq) in sorted(arms.items()):
+        for (k, low, high), (steps, seconds, _tokens, seconds_sq, _) in sorted(arms.items()):
             if steps < MIN_ARM_STEPS:
                 continue
             mean_ms, sd_ms = 1000 * seconds / steps, _step_sd_ms(steps, seconds, seconds_sq)
@@ -277,6 +369,11 @@ def main() -> int:
         "ratio_median": statistics.median(ratios) if ratios else None,
         "ratio_range": [min(ratios), max(ratios)] if ratios else None,
         "by_tokens_carried": by_tokens_carried(pairs, margin=TOKENS_MARGIN),
+        "error_sources": error_sources(pairs),
+        "error_sources_per_shape": {
+            shape: error_sources([p for p in pairs if _shape(p["load"]) == shape])
+            for shape in sorted({_shape(p["load"]) for p in pairs})
+        },
         "arm_step_spreads": spreads,
         "switch_steps": switches,
     }
@@ -308,6 +405,7 @@ def main() -> int:
         + ", ".join(f"{g} {carried[g]}" for g in ("fewer", "alike", "more"))
         + f", r {carried['pearson_r']}"
     )
+    print(f"error sources: {result['error_sources']}")
     print(f"median {result['ratio_median']}, range {result['ratio_range']}; wrote {args.out}")
     return 0
 

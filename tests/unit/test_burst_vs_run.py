@@ -73,3 +73,35 @@ def test_per_shape_a_token_more_a_step_is_priced_through_zero() -> None:
     assert shapes["decode-heavy"]["ms_per_token"] == pytest.approx(0.2)
     assert shapes["chat-like"]["ms_per_token"] == pytest.approx(0.01)
     assert shapes["chat-like"]["pairs"] == 2 and shapes["chat-like"]["pearson_r"] is None
+
+
+def test_a_step_time_linear_in_prompt_tokens_is_corrected_exactly() -> None:
+    # Pure decode 10 ms, 0.2 ms a prompt token: a burst carrying 20 took 14 ms, the run
+    # carrying 50 took 20 ms.
+    assert burst_vs_run.prompt_corrected(14.0, 10.0, 20.0, 50.0) == pytest.approx(20.0)
+    # Under one prompt token a step, no proportion to scale by.
+    assert burst_vs_run.prompt_corrected(14.0, 10.0, 0.5, 50.0) is None
+
+
+def test_the_log_ratios_spread_adds_both_means_own_at_the_correlation() -> None:
+    # Burst: 50 steps, mean 20 ms, sd 10 ms (a 0.5 share); arm: 200 steps, mean 10, sd 2 (0.2).
+    def sums(steps: float, mean: float, sd: float) -> list[float]:
+        return [steps, steps * mean, 0.0, steps * (sd * sd + mean * mean), 0.0]
+
+    spread = burst_vs_run.log_ratio_sd(sums(50, 20.0, 10.0), sums(200, 10.0, 2.0), 2.0)
+    assert spread == pytest.approx((0.25 * 2 / 50 + 0.04 * 2 / 200) ** 0.5)
+
+
+def test_error_sources_set_the_bursts_error_beside_noise_and_the_prompt_correction() -> None:
+    pairs = [
+        {**_pair(1.2, 560.0, 556.0), "log_ratio_sd": 0.05, "ratio_prompt_corrected": 1.0},
+        {**_pair(0.9, 540.0, 556.0), "log_ratio_sd": 0.1, "ratio_prompt_corrected": 0.9},
+        {**_pair(1.0, 540.0, 556.0), "log_ratio_sd": 0.1, "ratio_prompt_corrected": None},
+    ]
+    sources = burst_vs_run.error_sources(pairs)
+    assert sources["pairs"] == 3
+    assert sources["share_past_two_sd"] == pytest.approx(1 / 3, abs=1e-3)  # only 1.2 at 0.05
+    assert sources["prompt_corrected_pairs"] == 2
+    assert sources["mean_abs_log_ratio_prompt_corrected"] == pytest.approx(0.0527, abs=1e-4)
+    assert sources["mean_abs_log_ratio_of_those"] == pytest.approx(0.1438, abs=1e-4)
+    assert burst_vs_run.error_sources([]) == {"pairs": 0}
