@@ -182,9 +182,22 @@ def compare(raw: Row) -> list[Row]:
     return out
 
 
+def extra_spread(errors: list[float], sds: list[float], top: float = 0.5) -> float:
+    """The spread beyond each error's own standard error that makes the errors likeliest
+    (normal, sd^2 + extra^2; searched in steps of 0.001 up to ``top``)."""
+
+    def log_likelihood(extra: float) -> float:
+        variances = [sd * sd + extra * extra for sd in sds]
+        return -sum(e * e / v + math.log(v) for e, v in zip(errors, variances, strict=True))
+
+    grid = [i / 1000 for i in range(int(top * 1000) + 1)]
+    return max(grid, key=log_likelihood) if errors else 0.0
+
+
 def error_sources(pairs: list[Row]) -> Row:
     """How far the bursts read from their k's run (mean |log ratio|), against what the steps'
-    own spread explains (the pairs past twice their standard error) and against a correction
+    own spread explains (the pairs past twice their standard error; the spread beyond it that
+    fits the pairs best) and against a correction
     for the prompt tokens a burst carries beside its run's, fed the run's own prompt tokens
     (the best such a correction could know): if it leaves the error as it was, the bursts'
     error is not the prompts they carry."""
@@ -198,6 +211,9 @@ def error_sources(pairs: list[Row]) -> Row:
         "mean_abs_log_ratio": round(statistics.mean(logs), 4),
         "median_log_ratio_sd": round(statistics.median(p["log_ratio_sd"] for p in pairs), 4),
         "share_past_two_sd": round(len(beyond) / len(pairs), 3),
+        "extra_log_sd": extra_spread(
+            [math.log(p["ratio"]) for p in pairs], [p["log_ratio_sd"] for p in pairs]
+        ),
         "prompt_corrected_pairs": len(corrected),
         "mean_abs_log_ratio_of_those": round(
             statistics.mean(abs(math.log(p["ratio"])) for p in corrected), 4

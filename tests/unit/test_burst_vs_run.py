@@ -105,3 +105,10 @@ def test_error_sources_set_the_bursts_error_beside_noise_and_the_prompt_correcti
     assert sources["mean_abs_log_ratio_prompt_corrected"] == pytest.approx(0.0527, abs=1e-4)
     assert sources["mean_abs_log_ratio_of_those"] == pytest.approx(0.1438, abs=1e-4)
     assert burst_vs_run.error_sources([]) == {"pairs": 0}
+
+
+def test_the_extra_spread_is_none_where_the_errors_are_their_own_noise() -> None:
+    # Errors of exactly +-1 sd (0.1): nothing beyond; of +-0.5 on a 0.3 sd: 0.4 beyond.
+    assert burst_vs_run.extra_spread([0.1, -0.1, 0.1, -0.1], [0.1] * 4) == 0.0
+    assert burst_vs_run.extra_spread([0.5, -0.5], [0.3, 0.3]) == pytest.approx(0.4)
+    assert burst_vs_run.extra_spread([], []) == 0.0
