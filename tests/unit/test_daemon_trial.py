@@ -393,6 +393,50 @@ def test_a_trial_in_force_is_saved_and_a_restarted_daemon_settles_it(tmp_path: P
     assert restored.record.trial is None
 
 
+def test_when_a_k_was_tried_is_saved_and_a_restarted_daemon_does_not_try_it_again(
+    tmp_path: Path,
+) -> None:
+    # Restarted inside the retry window, the daemon must not try the same k at the same cell
+    # again on the bursts that the restart left it.
+    settings = load_settings({"TABLETUNE_DECISION__TRIALS": "true"})
+    outcomes = Outcomes(
+        settings, DaemonMetrics(), AlertSink(settings=settings.alerts, condition_ttl_s=60.0)
+    )
+    rt, view = _runtime(), _view(TRIAL_TABLE)
+    start = Decision(
+        push=True, reason="trial", new=tuple(map(tuple, TRIAL_TABLE)),  # type: ignore[arg-type]
+        current=tuple(map(tuple, AFTER_MOVE)), trial=(2, LOAD),  # type: ignore[arg-type]
+    )  # fmt: skip
+    outcomes.record(rt, Applied(view=view, done=[PushTable(start)]), 9_500.0, CycleReport(9_500.0))
+    rt.set_trial(None)  # settled before the restart
+    store = StateStore(tmp_path)
+    store.save(DaemonState(replicas={"r1": rt.record}))
+    saved, problem = store.load()
+    assert problem is None
+    restored = replace(_runtime(), record=saved.replicas["r1"])  # as the controller builds it
+    assert restored.tried_at == {(2, 121): 9_500.0}
+    cleared = _estimates(H200_LIKE, own={1: 600, 2: 60, 3: 700}, ran={1: 550, 3: 700})
+    inputs = _plan_inputs(cleared, _view(AFTER_MOVE), step_time_moved=True)
+    plan = plan_replica(restored, inputs, settings=settings, dry_run=False)
+    assert plan.decision is not None and plan.decision.trial is None
+    fresh = plan_replica(_runtime(), inputs, settings=settings, dry_run=False)
+    assert fresh.decision is not None and fresh.decision.trial == (2, LOAD)  # what it held off
+
+
+@pytest.mark.parametrize(
+    "at", [float("nan"), float("inf"), "soon"], ids=["nan", "inf", "not a number"]
+)
+def test_a_saved_tried_time_that_is_not_one_is_moved_aside_not_restored(
+    tmp_path: Path, at: object
+) -> None:
+    store = StateStore(tmp_path)
+    tried = [{"k": 2, "cell_from": 121, "at": at}]
+    store.path.write_text(json.dumps({"replicas": {"r1": {"tried": tried}}}))
+    fresh, problem = store.load()
+    assert problem is not None and "moved aside" in problem
+    assert fresh == DaemonState()
+
+
 @pytest.mark.parametrize(
     "before",
     [[[1, 120]], [[1, 120, 3], [100, 256, 2]], [], [[0, 256, 3]]],

@@ -117,7 +117,7 @@ class Outcomes:
             )
         )
         if rt.trial is not None:
-            rt.tried_at[(rt.trial.k, cell_of(rt.trial.batch)[0])] = now
+            rt.note_tried(rt.trial.k, cell_of(rt.trial.batch)[0], now)
         stood = decision.stood_on if decision.trial is None else None
         rt.stood_on = None if stood is None else replace(stood, at=now)
         if self.settings.guard.enabled and old is not None and decision.trial is None:

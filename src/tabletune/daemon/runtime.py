@@ -12,7 +12,7 @@ from tabletune.daemon.guard import GoodputHistory, PendingCheck
 from tabletune.daemon.loads import LoadTracker
 from tabletune.daemon.oversold import Oversold, StoodOn
 from tabletune.daemon.profiles import PoolProfile
-from tabletune.daemon.state import OversoldRecord, ReplicaRecord, TrialRecord
+from tabletune.daemon.state import OversoldRecord, ReplicaRecord, TrialRecord, TriedRecord
 from tabletune.daemon.step_time import StepTimeEstimator
 from tabletune.daemon.trial import Trial
 
@@ -41,7 +41,8 @@ class ReplicaRuntime:
     decided_load: float | None = None  # the load-weighted mean batch size it weighed
     held_back: bool = False  # the last decision kept a gain out as noise: recheck it later
     trial: Trial | None = None  # a trial in force (daemon.trial), until a decision settles it
-    # When each (k, first batch size of its cell) was last tried: not again within retry_s.
+    # When each (k, first batch size of its cell) was last tried: not again within retry_s
+    # (kept in the saved record too: note_tried).
     tried_at: dict[tuple[int, int], float] = field(default_factory=dict)
     # The last push that put a k in where it had not run, until that k's run is read there.
     stood_on: StoodOn | None = None
@@ -56,6 +57,16 @@ class ReplicaRuntime:
             self.trial = Trial(saved.k, saved.batch, before, saved.started_at)
         if not self.oversold:  # restored: what its runs showed still holds
             self.oversold = {(o.k, o.cell_from): (o.factor, o.since) for o in self.record.oversold}
+        if not self.tried_at:  # restored: a k tried lately is not tried again yet
+            self.tried_at = {(t.k, t.cell_from): t.at for t in self.record.tried}
+
+    def note_tried(self, k: int, cell_from: int, at: float) -> None:
+        """A trial took k at the cell starting at ``cell_from``, kept in the saved record too."""
+        self.tried_at[(k, cell_from)] = at
+        self.record.tried = [
+            TriedRecord(k=k, cell_from=low, at=when)
+            for (k, low), when in sorted(self.tried_at.items())
+        ]
 
     def set_oversold(self, oversold: Oversold) -> None:
         """The k held to their runs, kept in the saved record too."""

@@ -71,6 +71,17 @@ class OversoldRecord(BaseModel):
     since: float = Field(allow_inf_nan=False)
 
 
+class TriedRecord(BaseModel):
+    """When a trial last took a k at a batch cell (daemon.trial; wall-clock seconds): no trial
+    takes it there again within ``DECISION__TRIAL_RETRY_S``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k: int = Field(ge=0)
+    cell_from: int = Field(ge=1)  # the cell's first batch size
+    at: float = Field(allow_inf_nan=False)
+
+
 class ReplicaRecord(BaseModel):
     """The tables the daemon pushed to one replica."""
 
@@ -85,6 +96,8 @@ class ReplicaRecord(BaseModel):
     trial: TrialRecord | None = None
     # The k it holds to their runs: a restarted daemon does not push them again on their bursts.
     oversold: list[OversoldRecord] = Field(default_factory=list)
+    # When each k was last tried where: a restarted daemon does not try it there again yet.
+    tried: list[TriedRecord] = Field(default_factory=list)
 
 
 class DaemonState(BaseModel):
