@@ -4,6 +4,7 @@ then settled against the table it replaced."""
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -526,3 +527,23 @@ def test_a_k_no_trial_may_take_again_yet_is_judged_on_its_bursts() -> None:
         recently_tried={(2, 121)},
     )
     assert dense_lookup(decision.new or (), MAX_B, 3)[LOAD] == 2
+
+
+@given(
+    tried=st.dictionaries(
+        st.tuples(st.integers(0, 3), st.sampled_from((1, 121, 249))),
+        st.floats(0.0, 2e9),
+        max_size=6,
+    )
+)
+def test_when_each_k_was_tried_survives_the_state_file(tried: dict[tuple[int, int], float]) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        rt = _runtime()
+        for (k, low), at in tried.items():
+            rt.note_tried(k, low, at)
+        store = StateStore(Path(folder))
+        store.save(DaemonState(replicas={"r1": rt.record}))
+        saved, problem = store.load()
+    assert problem is None
+    restored = replace(_runtime(), record=saved.replicas["r1"])  # as the controller builds it
+    assert restored.tried_at == tried
