@@ -305,17 +305,24 @@ def _bootstrap(per_window: np.ndarray) -> list[float] | None:
 
 
 def exploring_cost(raw: Row, lines: Sequence[tuple[float, ...]]) -> list[Row]:
+    """``exploring_parts``' rows."""
+    return [row for row, _ in exploring_parts(raw, lines)]
+
+
+def exploring_parts(raw: Row, lines: Sequence[tuple[float, ...]]) -> list[tuple[Row, np.ndarray]]:
     """Per daemon part, from the windows after its table last changed at the load on: every
     back-to-back decoding step's kept tokens in expectation (its decoding requests times
     tau of the k it verified, at the launch's synthetic acceptance) over its time, against the
     same for the steps that ran the table's k through and through (verified and drafted it):
     what exploring cost as served, switch steps included, which the cells (and a k mix read
-    from them) leave out. Also the share of time and the goodput of each kind of step."""
+    from them) leave out. Also the share of time and the goodput of each kind of step. Each
+    row comes with its windows' sums (kept tokens and seconds of all steps, then of the table
+    k's steps; one row a window), which a pooled reading resamples."""
     rates = raw["meta"].get("synthetic_rates")
     if not rates:  # acceptance not synthetic: the kept tokens are not known step by step
         return []
     made = drafts_made(lines)
-    out: list[Row] = []
+    out: list[tuple[Row, np.ndarray]] = []
     parts = sorted({w["part"] for w in raw["windows"] if w["part"].endswith("-daemon")})
     for part in parts:
         windows = [w for w in raw["windows"] if w["part"] == part and w.get("view")]
@@ -358,7 +365,7 @@ def exploring_cost(raw: Row, lines: Sequence[tuple[float, ...]]) -> list[Row]:
         if not steady or not totals[1]:
             continue
         rate = steady[2] / steady[1]
-        out.append({
+        out.append(({
             "part": part, "table_k": table_k, "batch": batch,
             "from_s": settled[0].get("since_daemon_start_s"),
             "until_s": settled[-1].get("since_daemon_start_s"),
@@ -371,7 +378,7 @@ def exploring_cost(raw: Row, lines: Sequence[tuple[float, ...]]) -> list[Row]:
                        "goodput_over_table_k": round(tok / s / rate, 4)}
                 for kind, (n, s, tok) in sorted(kinds.items(), key=lambda kv: -kv[1][1])
             },
-        })  # fmt: skip
+        }, per_window))  # fmt: skip
     return out
 
 

@@ -29,3 +29,22 @@ trace_report decode_heavy_priced_acceptance_again \
   20261202T0833Z
 trace_report decode_heavy_nightjar_newest \
   eval_traffic_decode_heavy_b256_nightjar_newest_blocks_h200_20261202T0841Z.json 20261202T0841Z
+# A k its estimate oversold held to its run (1cd9e3d), decode-heavy B≈256 twice, then with the bandit.
+trace_report decode_heavy_hold \
+  eval_traffic_decode_heavy_b256_hold_blocks_h200_20261202T1035Z.json 20261202T1035Z
+trace_report decode_heavy_hold_again \
+  eval_traffic_decode_heavy_b256_hold_again_blocks_h200_20261202T1043Z.json 20261202T1043Z
+trace_report decode_heavy_hold_nightjar \
+  eval_traffic_decode_heavy_b256_hold_nightjar_blocks_h200_20261202T1050Z.json 20261202T1050Z
+# Exploring over the three launches of each commit together (bench/gpu/exploring_pooled.py).
+pooled() {  # NAME STAMP...: exploring_pooled_NAME_h200.json over those launches at one commit
+  local name=$1 stamp args=()
+  shift
+  for stamp in "$@"; do
+    args+=("$(ls "$RAW"/eval_traffic_*_h200_"$stamp".json)" "$RAW/step_trace_h200_$stamp.csv.gz")
+  done
+  "$PY" bench/gpu/exploring_pooled.py --name "$name" "${args[@]}" >/dev/null
+  echo "bench/results/exploring_pooled_${name}_h200.json"
+}
+pooled decode_heavy_b256_priced_acceptance 20261202T0825Z 20261202T0833Z 20261202T0841Z
+pooled decode_heavy_b256_hold 20261202T1035Z 20261202T1043Z 20261202T1050Z

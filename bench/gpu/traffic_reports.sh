@@ -140,6 +140,16 @@ report decode_heavy_b256_priced_acceptance_again_blocks \
 report decode_heavy_b256_nightjar_newest_blocks \
   eval_traffic_decode_heavy_b256_nightjar_newest_blocks_h200_20261202T0841Z.json \
   $(logs 20261202T0841Z) --step-trace "$RAW/step_trace_h200_20261202T0841Z.csv.gz"
+# A k its estimate oversold held to its run (1cd9e3d), decode-heavy B≈256 twice, then with the bandit.
+report decode_heavy_b256_hold_blocks \
+  eval_traffic_decode_heavy_b256_hold_blocks_h200_20261202T1035Z.json \
+  $(logs 20261202T1035Z) --step-trace "$RAW/step_trace_h200_20261202T1035Z.csv.gz"
+report decode_heavy_b256_hold_again_blocks \
+  eval_traffic_decode_heavy_b256_hold_again_blocks_h200_20261202T1043Z.json \
+  $(logs 20261202T1043Z) --step-trace "$RAW/step_trace_h200_20261202T1043Z.csv.gz"
+report decode_heavy_b256_hold_nightjar_blocks \
+  eval_traffic_decode_heavy_b256_hold_nightjar_blocks_h200_20261202T1050Z.json \
+  $(logs 20261202T1050Z) --step-trace "$RAW/step_trace_h200_20261202T1050Z.csv.gz"
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json
