@@ -27,7 +27,7 @@ from tabletune.daemon.oversold import StoodOn
 from tabletune.daemon.plan import PlanInputs, PushTable, plan_replica
 from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.runtime import CycleReport, ReplicaRuntime
-from tabletune.daemon.settings import load_settings
+from tabletune.daemon.settings import DaemonSettings, load_settings
 from tabletune.daemon.state import DaemonState, StateStore
 from tabletune.daemon.step_time import StepTimeLayout
 from tabletune.daemon.trial import Trial, propose_trial, settle_due
@@ -337,38 +337,43 @@ def test_a_k_tried_lately_is_not_tried_again_when_a_shift_cleared_its_steps() ->
     assert after.decision is not None and after.decision.trial == (2, LOAD)
 
 
-def test_the_push_that_starts_a_trial_records_when_its_k_was_tried_there() -> None:
-    settings = load_settings({"TABLETUNE_DECISION__TRIALS": "true"})
+# The push that starts a trial of k=2 at the load, from the table after the move.
+TRIAL_START = Decision(
+    push=True, reason="trial", new=tuple(map(tuple, TRIAL_TABLE)),  # type: ignore[arg-type]
+    current=tuple(map(tuple, AFTER_MOVE)), trial=(2, LOAD),  # type: ignore[arg-type]
+)  # fmt: skip
+
+
+def _outcomes(settings: DaemonSettings) -> Outcomes:
     sink = AlertSink(settings=settings.alerts, condition_ttl_s=60.0)
-    outcomes = Outcomes(settings, DaemonMetrics(), sink)
-    rt, view = _runtime(), _view(TRIAL_TABLE)
-    start = Decision(
-        push=True, reason="trial", new=tuple(map(tuple, TRIAL_TABLE)),  # type: ignore[arg-type]
-        current=tuple(map(tuple, AFTER_MOVE)), trial=(2, LOAD),  # type: ignore[arg-type]
-    )  # fmt: skip
-    outcomes.record(rt, Applied(view=view, done=[PushTable(start)]), 500.0, CycleReport(500.0))
+    return Outcomes(settings, DaemonMetrics(), sink)
+
+
+def _pushed(outcomes: Outcomes, rt: ReplicaRuntime, decision: Decision, at: float) -> None:
+    """``decision``'s push made at ``at`` (the engine took it)."""
+    applied = Applied(view=_view(TRIAL_TABLE), done=[PushTable(decision)])
+    outcomes.record(rt, applied, at, CycleReport(at))
+
+
+def test_the_push_that_starts_a_trial_records_when_its_k_was_tried_there() -> None:
+    outcomes = _outcomes(load_settings({"TABLETUNE_DECISION__TRIALS": "true"}))
+    rt, start = _runtime(), TRIAL_START
+    _pushed(outcomes, rt, start, 500.0)
     assert rt.trial is not None and rt.trial.k == 2
     assert rt.tried_at == {(2, 121): 500.0}
-    settled = replace(start, reason="trial ended", trial=None)
-    outcomes.record(rt, Applied(view=view, done=[PushTable(settled)]), 510.0, CycleReport(510.0))
+    _pushed(outcomes, rt, replace(start, reason="trial ended", trial=None), 510.0)
     assert rt.trial is None and rt.tried_at == {(2, 121): 500.0}
 
 
 def test_a_push_putting_a_k_in_keeps_what_it_stood_on_and_a_trial_does_not() -> None:
     # daemon.oversold reads the k's run against it once the k has run there.
-    settings = load_settings({})
-    outcomes = Outcomes(
-        settings, DaemonMetrics(), AlertSink(settings=settings.alerts, condition_ttl_s=60.0)
+    outcomes, rt = _outcomes(load_settings({})), _runtime()
+    push = replace(
+        TRIAL_START, reason="predicted gain", trial=None, stood_on=StoodOn(2, LOAD, 17.2)
     )
-    rt, view = _runtime(), _view(TRIAL_TABLE)
-    push = Decision(
-        push=True, reason="predicted gain", new=tuple(map(tuple, TRIAL_TABLE)),  # type: ignore[arg-type]
-        current=tuple(map(tuple, AFTER_MOVE)), stood_on=StoodOn(2, LOAD, 17.2),  # type: ignore[arg-type]
-    )  # fmt: skip
-    outcomes.record(rt, Applied(view=view, done=[PushTable(push)]), 500.0, CycleReport(500.0))
+    _pushed(outcomes, rt, push, 500.0)
     assert rt.stood_on == StoodOn(k=2, batch=LOAD, step_time=17.2, at=500.0)
-    trial = replace(push, trial=(2, LOAD))
-    outcomes.record(rt, Applied(view=view, done=[PushTable(trial)]), 510.0, CycleReport(510.0))
+    _pushed(outcomes, rt, replace(push, trial=(2, LOAD)), 510.0)
     assert rt.stood_on is None  # a trial is settled by its own rule
 
 
@@ -400,15 +405,8 @@ def test_when_a_k_was_tried_is_saved_and_a_restarted_daemon_does_not_try_it_agai
     # Restarted inside the retry window, the daemon must not try the same k at the same cell
     # again on the bursts that the restart left it.
     settings = load_settings({"TABLETUNE_DECISION__TRIALS": "true"})
-    outcomes = Outcomes(
-        settings, DaemonMetrics(), AlertSink(settings=settings.alerts, condition_ttl_s=60.0)
-    )
-    rt, view = _runtime(), _view(TRIAL_TABLE)
-    start = Decision(
-        push=True, reason="trial", new=tuple(map(tuple, TRIAL_TABLE)),  # type: ignore[arg-type]
-        current=tuple(map(tuple, AFTER_MOVE)), trial=(2, LOAD),  # type: ignore[arg-type]
-    )  # fmt: skip
-    outcomes.record(rt, Applied(view=view, done=[PushTable(start)]), 9_500.0, CycleReport(9_500.0))
+    rt = _runtime()
+    _pushed(_outcomes(settings), rt, TRIAL_START, 9_500.0)
     rt.set_trial(None)  # settled before the restart
     store = StateStore(tmp_path)
     store.save(DaemonState(replicas={"r1": rt.record}))
