@@ -21,6 +21,11 @@ logs() {  # STAMP: the GPU, host and GC logs a launch kept beside its raw run
     --host-load "$RAW/host_load_h200_$1.csv.gz" --gc-log "$RAW/gc_log_h200_$1.txt.gz"
 }
 
+traced() {  # NAME STAMP: a launch that kept its logs and engine step trace, its raw run named NAME
+  report "$1" "eval_traffic_$1_h200_$2.json" $(logs "$2") \
+    --step-trace "$RAW/step_trace_h200_$2.csv.gz"
+}
+
 report chat_like eval_traffic_chat_like_h200_20261130T1852Z.json
 report chat_like_b192 eval_traffic_chat_like_b192_h200_20261130T1932Z.json
 report chat_like_b192_12s eval_traffic_chat_like_b192_12s_h200_20261130T2359Z.json \
@@ -121,35 +126,17 @@ report long_context_b128_56_rounds_blocks \
   eval_traffic_long_context_b128_56_rounds_blocks_h200_20261202T0346Z.json $(logs 20261202T0346Z)
 report shape_change_guard_blocks \
   eval_traffic_shape_change_guard_blocks_h200_20261202T0355Z.json $(logs 20261202T0355Z)
-report decode_heavy_b256_trace_blocks \
-  eval_traffic_decode_heavy_b256_trace_blocks_h200_20261202T0614Z.json $(logs 20261202T0614Z) \
-  --step-trace "$RAW/step_trace_h200_20261202T0614Z.csv.gz"
-report chat_like_b192_trace_blocks \
-  eval_traffic_chat_like_b192_trace_blocks_h200_20261202T0622Z.json $(logs 20261202T0622Z) \
-  --step-trace "$RAW/step_trace_h200_20261202T0622Z.csv.gz"
-report decode_heavy_b256_drafts_rule_blocks \
-  eval_traffic_decode_heavy_b256_drafts_rule_blocks_h200_20261202T0640Z.json $(logs 20261202T0640Z) \
-  --step-trace "$RAW/step_trace_h200_20261202T0640Z.csv.gz"
+traced decode_heavy_b256_trace_blocks 20261202T0614Z
+traced chat_like_b192_trace_blocks 20261202T0622Z
+traced decode_heavy_b256_drafts_rule_blocks 20261202T0640Z
 # The acceptance exploration priced (dda561f), decode-heavy B≈256 twice, then with the bandit.
-report decode_heavy_b256_priced_acceptance_blocks \
-  eval_traffic_decode_heavy_b256_priced_acceptance_blocks_h200_20261202T0825Z.json \
-  $(logs 20261202T0825Z) --step-trace "$RAW/step_trace_h200_20261202T0825Z.csv.gz"
-report decode_heavy_b256_priced_acceptance_again_blocks \
-  eval_traffic_decode_heavy_b256_priced_acceptance_again_blocks_h200_20261202T0833Z.json \
-  $(logs 20261202T0833Z) --step-trace "$RAW/step_trace_h200_20261202T0833Z.csv.gz"
-report decode_heavy_b256_nightjar_newest_blocks \
-  eval_traffic_decode_heavy_b256_nightjar_newest_blocks_h200_20261202T0841Z.json \
-  $(logs 20261202T0841Z) --step-trace "$RAW/step_trace_h200_20261202T0841Z.csv.gz"
+traced decode_heavy_b256_priced_acceptance_blocks 20261202T0825Z
+traced decode_heavy_b256_priced_acceptance_again_blocks 20261202T0833Z
+traced decode_heavy_b256_nightjar_newest_blocks 20261202T0841Z
 # A k its estimate oversold held to its run (1cd9e3d), decode-heavy B≈256 twice, then with the bandit.
-report decode_heavy_b256_hold_blocks \
-  eval_traffic_decode_heavy_b256_hold_blocks_h200_20261202T1035Z.json \
-  $(logs 20261202T1035Z) --step-trace "$RAW/step_trace_h200_20261202T1035Z.csv.gz"
-report decode_heavy_b256_hold_again_blocks \
-  eval_traffic_decode_heavy_b256_hold_again_blocks_h200_20261202T1043Z.json \
-  $(logs 20261202T1043Z) --step-trace "$RAW/step_trace_h200_20261202T1043Z.csv.gz"
-report decode_heavy_b256_hold_nightjar_blocks \
-  eval_traffic_decode_heavy_b256_hold_nightjar_blocks_h200_20261202T1050Z.json \
-  $(logs 20261202T1050Z) --step-trace "$RAW/step_trace_h200_20261202T1050Z.csv.gz"
+traced decode_heavy_b256_hold_blocks 20261202T1035Z
+traced decode_heavy_b256_hold_again_blocks 20261202T1043Z
+traced decode_heavy_b256_hold_nightjar_blocks 20261202T1050Z
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json
