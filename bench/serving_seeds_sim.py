@@ -32,8 +32,14 @@ from bench.common import environment, write_result  # noqa: E402
 from bench.live_step_time_sim import LOADS, daemon_at, quiet, settings_of  # noqa: E402
 
 SEEDS = 16
-# "": the defaults; the acceptance exploration unpriced; no hold on oversold k
-DEFAULT_ARMS = ("", "PLUGIN__EXPLORATION_COST_BUDGET=0", "DECISION__OVERSOLD_FOR_S=0")
+# "": the defaults; the acceptance exploration unpriced; no hold on oversold k; a k a few
+# bursts measured kept from replacing a measured one
+DEFAULT_ARMS = (
+    "",
+    "PLUGIN__EXPLORATION_COST_BUDGET=0",
+    "DECISION__OVERSOLD_FOR_S=0",
+    "DECISION__CHALLENGER_MIN_STEPS=30",
+)
 
 
 def arm_settings(arm: str) -> dict[str, str]:

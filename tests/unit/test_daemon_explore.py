@@ -506,3 +506,20 @@ def test_an_acceptance_step_at_k_is_priced_by_what_it_spends_and_gains() -> None
     # Weighed over the loaded batch sizes.
     half = acceptance_step_loss(h200, RATES, k0, {254: 1.0, 1: 1.0}, 3)
     assert half == pytest.approx(loss / 2)
+
+
+def test_a_k_a_few_steps_hope_for_is_burst_on_when_the_decision_waits_for_it() -> None:
+    # k=3 runs (the profile's best); k=1's 10 steps read it at 0.45 of its profile, ahead,
+    # but the profile promises nothing: with DECISION__CHALLENGER_MIN_STEPS on the decision
+    # waits for 30, so the bursts must keep measuring it; off, the profile speaks for it.
+    few = estimate_with({3: 1.0, 1: 0.45}, steps=10)
+
+    def ks(hope: bool) -> tuple[int, ...]:
+        return directed_exploration(
+            few,  # type: ignore[arg-type]
+            PROFILE, RATES, LOOKUP_K3, {128: 1.0}, KS,
+            min_steps=30, z=1.0, hope_from_few_steps=hope,
+        ).ks  # fmt: skip
+
+    assert 1 in ks(True)
+    assert 1 not in ks(False)

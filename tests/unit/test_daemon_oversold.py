@@ -125,13 +125,29 @@ H200_B254_FLIPS = ROOT / (
 )
 
 
-def h200_k1_pushes(hold: bool) -> tuple[list[float], dict[float, float], Oversold]:
+# 2026-12-02 10:35 (1cd9e3d): the shift check fired at 36 s and again at 49 s, and k=1, known
+# then from 3 burst steps at ~17 ms (on the CUDA graph, no prompt riding along), was put in at
+# 51 s on a predicted +59 %; its run read 2.09x that.
+H200_B254_THIN = ROOT / (
+    "bench/results/gpu_raw/eval_traffic_decode_heavy_b256_hold_blocks_h200_20261202T1035Z.json"
+)
+
+
+def h200_k1_pushes(
+    hold: bool,
+    record: Path = H200_B254_FLIPS,
+    cycle_s: float | None = None,
+    *,
+    challenger_min_steps: float = 0.0,
+) -> tuple[list[float], dict[float, float], Oversold]:
     """When this checkout's decision would put k=1 in at B≈254 over the part's k=0 tables (the
     recorded cells summed into the live daemon's 3 s cycles through its estimator, each cycle
     decided from the table that ran and the cycle's load), holding oversold k to their runs or
     not; at each of those cycles k=1's goodput at 254 over k=0's by the point estimates; and
-    what it holds at the end."""
-    raw = json.loads(H200_B254_FLIPS.read_text())
+    what it holds at the end. ``cycle_s``: cycles of that length instead (0: each recorded
+    window its own cycle). ``challenger_min_steps``: DECISION__CHALLENGER_MIN_STEPS (0, the
+    default: off)."""
+    raw = json.loads(record.read_text())
     rates = tuple(raw["meta"]["synthetic_rates"])
     captured = engine_state(raw)
     shift_replay = load_gpu_module("shift_replay")
@@ -143,12 +159,16 @@ def h200_k1_pushes(hold: bool) -> tuple[list[float], dict[float, float], Oversol
         ).profile
     )[0]
     estimator = StepTimeEstimator(StepTimeLayout.of_pool(pool))
-    step_time, settings = StepTimeSettings(), load_settings({}).decision
+    step_time = StepTimeSettings()
+    settings = load_settings(
+        {"TABLETUNE_DECISION__CHALLENGER_MIN_STEPS": str(challenger_min_steps)}
+    ).decision
     stood: StoodOn | None = None
     oversold: Oversold = {}
     pushes, k1_over_k0 = [], {}
     windows = (w for w in raw["windows"] if w["part"] == "decode-heavy-B256-daemon")
-    for elapsed, window, cells in shift_replay.cycles(windows, shift_replay.CYCLE_S):
+    cycle = shift_replay.CYCLE_S if cycle_s is None else cycle_s
+    for elapsed, window, cells in shift_replay.cycles(windows, cycle):
         step_time.feed(estimator, cells, elapsed)
         estimate = estimator.estimate(step_time.blend_params(), prior_sigma=pool.relative_sigma)
         stood, oversold = learned(
@@ -242,3 +262,22 @@ def test_what_a_replica_holds_survives_the_state_file(held: Oversold) -> None:
     # As the controller builds a replica's memory: from its saved record.
     restored = replace(replica_runtime(POOL, load=48), record=saved.replicas["r1"])
     assert restored.oversold == held
+
+
+@pytest.mark.parametrize("record", [H200_B254_FLIPS, H200_B254_THIN], ids=["08:33", "10:35"])
+def test_h200_b254_k1_known_from_a_few_burst_steps_need_not_replace_the_running_k(
+    record: Path,
+) -> None:
+    # DECISION__CHALLENGER_MIN_STEPS at 30. Every push of k=1 the live daemons made in these
+    # parts stood on fewer than 30 burst steps of k=1 (15 at 13 s at 08:33; 3, right after a
+    # shift check, at 10:35). Decided window by window (1 s; the live daemon's 3-s cycles
+    # fall elsewhere), without the bar k=1 goes in where its point estimate ran ahead: at
+    # 08:33 at 13 s, at 10:35 at 8, 14, 15 and 49 s; with it, not at 08:33 and at 10:35 only
+    # at 15 s, once k=1 had its 30 burst steps.
+    bare, bare_ratio, _ = h200_k1_pushes(hold=True, record=record, cycle_s=0.0)
+    barred, _, _ = h200_k1_pushes(
+        hold=True, record=record, cycle_s=0.0, challenger_min_steps=MEASURED_STEPS
+    )
+    assert bare and max(bare_ratio.values()) > 1.2
+    assert len(barred) < len(bare) and not any(t > 40 for t in barred)
+    assert barred == ([] if record == H200_B254_FLIPS else [14.8])

@@ -29,6 +29,7 @@ from tabletune.daemon.plan import (
 from tabletune.daemon.profiles import make_pool
 from tabletune.daemon.runtime import ReplicaRuntime
 from tabletune.daemon.settings import load_settings
+from tabletune.daemon.step_time import MEASURED_STEPS
 from tabletune.schemas.table import dense_lookup
 from tabletune.solver import StepTimes
 from tests.unit.daemon_fakes import replica_runtime, small_profile
@@ -356,3 +357,87 @@ def test_no_batch_size_moves_to_an_unproven_k(factors: list[float], marks: list[
     for b in range(1, 129):
         if after[b] != before[b]:
             assert not unproven[profile.ks.index(after[b]), b - 1], b
+
+
+def _k3_ahead_on(own_k3: float, own_k2: float) -> Estimates:
+    """k=3 at half the profile's time at B 33..64 where the table runs k=2, with ``own_k3`` and
+    ``own_k2`` live steps of their own there (the rest: none)."""
+    profile = POOL.step_times
+    ms = profile.dense(128)
+    ms[profile.ks.index(3), 32:64] *= 0.5
+    own = np.zeros(ms.shape)
+    own[profile.ks.index(3), 32:64] = own_k3
+    own[profile.ks.index(2), 32:64] = own_k2
+    return Estimates(
+        step_times=StepTimes(grid=tuple(range(1, 129)), ks=profile.ks, ms=ms),
+        rates=POOL.prior,
+        relative_sigma=np.full(ms.shape, 0.01),
+        own_steps=own,
+        run_steps=np.zeros(ms.shape),
+    )
+
+
+CHALLENGERS_MEASURED = load_settings(
+    {"TABLETUNE_DECISION__CHALLENGER_MIN_STEPS": str(MEASURED_STEPS)}
+).decision
+
+
+def _k_at_40(estimates: Estimates, settings: object = CHALLENGERS_MEASURED) -> int:
+    decision = decide(
+        estimates=estimates,
+        view=_view(),
+        load_weights={40: 1.0},
+        settings=settings,  # type: ignore[arg-type]
+    )
+    assert decision.new is not None
+    return dense_lookup(decision.new, 128, 3)[40]
+
+
+def test_a_k_a_few_bursts_measured_need_not_displace_a_running_k_measured_there() -> None:
+    # With DECISION__CHALLENGER_MIN_STEPS at 30.
+    # H200 decode-heavy B≈254 (docs/results.md, "At 1cd9e3d"): 3 burst steps after a shift
+    # check put k=1 at 17 ms, it was pushed, and ran at twice that.
+    assert _k_at_40(_k3_ahead_on(own_k3=3.0, own_k2=500.0)) == 2
+    assert _k_at_40(_k3_ahead_on(own_k3=MEASURED_STEPS - 1, own_k2=500.0)) == 2
+    assert _k_at_40(_k3_ahead_on(own_k3=MEASURED_STEPS, own_k2=500.0)) == 3  # measured now
+    # Nothing live of its own (the profile and the other k speak for it), or the running k
+    # not measured there either (first sight, a shift just cleared it): no bar.
+    assert _k_at_40(_k3_ahead_on(own_k3=0.0, own_k2=500.0)) == 3
+    assert _k_at_40(_k3_ahead_on(own_k3=3.0, own_k2=MEASURED_STEPS - 1)) == 3
+    # Off (the default): a few steps speak as before.
+    assert _k_at_40(_k3_ahead_on(own_k3=3.0, own_k2=500.0), SETTINGS.decision) == 3
+
+
+@given(
+    st.lists(st.floats(min_value=0.3, max_value=3.0), min_size=4, max_size=4),
+    st.lists(st.sampled_from((0.0, 3.0, 29.0, 30.0, 500.0)), min_size=4 * 16, max_size=4 * 16),
+)
+@settings(max_examples=60, deadline=None)
+def test_no_batch_size_moves_to_a_k_few_steps_measured_where_its_k_was_measured(
+    factors: list[float], own_by_block: list[float]
+) -> None:
+    # Any step times, any live steps of its own per k and 8-wide block: where the table
+    # changes k (no merging), the new k has no steps there, or MEASURED_STEPS, or the k it
+    # replaces has fewer than MEASURED_STEPS.
+    profile = POOL.step_times
+    ms = profile.dense(128) * np.asarray(factors)[:, None]
+    own = np.repeat(np.asarray(own_by_block).reshape(4, 16), 8, axis=1)
+    estimates = Estimates(
+        step_times=StepTimes(grid=tuple(range(1, 129)), ks=profile.ks, ms=ms),
+        rates=POOL.prior,
+        relative_sigma=np.full(ms.shape, 0.01),
+        own_steps=own,
+        run_steps=np.zeros(ms.shape),
+    )
+    decision = decide(
+        estimates=estimates, view=_view(), load_weights={40: 1.0}, settings=CHALLENGERS_MEASURED
+    )
+    assert decision.new is not None
+    before, after = dense_lookup(START, 128, 3), dense_lookup(decision.new, 128, 3)
+    for b in range(1, 129):
+        if after[b] != before[b]:
+            new, old = (
+                own[profile.ks.index(after[b]), b - 1],
+                own[profile.ks.index(before[b]), b - 1],
+            )
+            assert new == 0 or new >= MEASURED_STEPS or old < MEASURED_STEPS, b

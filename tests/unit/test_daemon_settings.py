@@ -72,6 +72,7 @@ DEFAULTS = {
         "trial_max_s": 60.0,
         "trial_retry_s": 600.0,
         "oversold_for_s": 600.0,
+        "challenger_min_steps": 0.0,
         "first_sight_from_prior": True,
     },
     "plugin": {

@@ -124,7 +124,8 @@ def decide(
         if settings.trials
         else None
     )
-    sigma = _unproven_barred(estimates, baseline, max_batch, bursts_only)
+    thin = _thinly_measured(estimates, baseline, max_batch, settings.challenger_min_steps)
+    sigma = _unproven_barred(estimates, baseline, max_batch, bursts_only, thin)
     try:
         solution = solve(
             TableProblem(
@@ -259,19 +260,43 @@ def _bursts_only(
     return mask
 
 
+def _thinly_measured(
+    estimates: Estimates, baseline: Sequence[int] | None, max_batch: int, min_steps: float
+) -> np.ndarray | None:
+    """Rows ks, columns B-1 up to ``max_batch``: k has live steps of its own at B's cell, but
+    fewer than ``min_steps`` (``DECISION__CHALLENGER_MIN_STEPS``; 0: none), where the running
+    table's k there has that many. A few burst steps are not a measurement: on the H200 at
+    decode-heavy B≈254 k=1's steps run on the CUDA graph (16 ms) or, with a prompt riding
+    along, off it (55-65 ms), and right after a shift check 3 of them, none with a prompt, put
+    k=1 at 17 ms; it was pushed on a predicted +59 % and ran at twice that (docs/results.md,
+    "At 1cd9e3d"). Off by default: where bursts undersell a k, the emulator's, a push on a few
+    steps that happened to read it fast was what brought the right k in (docs/daemon.md)."""
+    own = estimates.own_steps
+    if own is None or baseline is None or min_steps <= 0:
+        return None
+    own = own[:, :max_batch]
+    rows = {k: row for row, k in enumerate(estimates.step_times.ks)}
+    running = np.array(
+        [own[rows[k], b] if k in rows else 0.0 for b, k in enumerate(baseline)], dtype=float
+    )
+    return (own > 0) & (own < min_steps) & (running >= min_steps)[None, :]
+
+
 def _unproven_barred(
     estimates: Estimates,
     baseline: Sequence[int] | None,
     max_batch: int,
     bursts_only: np.ndarray | None = None,
+    thin: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """The relative uncertainty over B = 1..max_batch, ``UNPROVEN_SIGMA`` where an unproven
-    k, or one only bursts measured (``bursts_only``), would replace the running table's k."""
+    k, one only bursts measured (``bursts_only``), or one measured thinly (``thin``) would
+    replace the running table's k."""
     sigma = estimates.relative_sigma
     sigma = None if sigma is None else sigma[:, :max_batch]
     unproven = estimates.unproven
-    masks = [m for m in (None if unproven is None else unproven[:, :max_batch], bursts_only)
-             if m is not None]  # fmt: skip
+    masks = [m for m in (None if unproven is None else unproven[:, :max_batch], bursts_only,
+                         thin) if m is not None]  # fmt: skip
     if baseline is None or not masks:
         return sigma
     ks = np.asarray(estimates.step_times.ks)[:, None]

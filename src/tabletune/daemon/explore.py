@@ -5,9 +5,11 @@ A k is worth exploring at a loaded batch size when its optimistic goodput beats 
 there: measured (``MEASURED_STEPS`` live steps since the cell's traffic last changed, faded
 or not), its step time ``z`` uncertainty bands faster than estimated (``neighbour_drop_z``,
 1; docs/daemon.md says what 2 did on the H200's recorded cells and on the emulator); never
-measured there, what the profile promises. A k that live steps have shown to be worse drops
-out, and stays out
-while the traffic there stays as it was, so the bursts stop paying for it; a k the table
+measured there, what the profile promises (with ``DECISION__CHALLENGER_MIN_STEPS`` on and a
+few live steps already, the better of that and what those steps hope for: the decision does
+not put such a k in before it is measured, so the bursts must go on until it is). A k that
+live steps have shown to be worse drops out, and stays out while the traffic there stays as
+it was, so the bursts stop paying for it; a k the table
 cannot reach by small steps (k=3 running where k=1 is best) is still tried. With nothing
 worth trying the daemon turns the bursts off. A measured k kept in only by its band (its
 estimate loses, its optimistic bound does not: a faded estimate's re-check) is a long shot;
@@ -71,9 +73,12 @@ def directed_exploration(
     min_steps: float,
     z: float,
     min_share: float = 0.05,
+    hope_from_few_steps: bool = False,
 ) -> Exploration:
     """The k bursts should run, and the long shots among them. ``table_lookup[B]`` is the
-    table's k at batch size B (vLLM's dense form, index 0 unused)."""
+    table's k at batch size B (vLLM's dense form, index 0 unused). ``hope_from_few_steps``: a
+    k not yet measured but with live steps is also tried on what they hope for (the decision
+    waits for its measurement: ``DECISION__CHALLENGER_MIN_STEPS``)."""
     top = min(estimate.step_times.max_batch, len(table_lookup) - 1)
     column = {cell: j for j, cell in enumerate(estimate.cells)}
     rows = {k: i for i, k in enumerate(estimate.ks)}
@@ -92,12 +97,17 @@ def directed_exploration(
             if k == current or k not in rows:
                 continue
             i = rows[k]
-            measured = estimate.measured[i, j] >= min_steps
+            own = estimate.measured[i, j]
+            measured = own >= min_steps
             if measured:
                 point = estimate.step_times.at(b, k)
                 hopeful = point * (1.0 - z * float(estimate.relative_sigma[i, b - 1]))
             else:
                 point = hopeful = profile.at(b, k)
+                if hope_from_few_steps and own > 0:  # what those steps hope for too
+                    live = estimate.step_times.at(b, k)
+                    sigma = float(estimate.relative_sigma[i, b - 1])
+                    hopeful = min(hopeful, live * (1.0 - z * sigma))
             tokens = b * tau(rates, k)
             if hopeful > 0 and tokens / hopeful > best:
                 chosen.add(k)
@@ -236,4 +246,5 @@ def replica_exploration(
         set(view.allowed_k) & set(rt.pool.step_times.ks),
         min_steps=MEASURED_STEPS,
         z=settings.plugin.neighbour_drop_z,
+        hope_from_few_steps=settings.decision.challenger_min_steps > 0,
     )

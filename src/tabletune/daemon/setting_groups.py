@@ -254,6 +254,12 @@ class DecisionSettings(_Group):
         description="a k pushed in on an estimate its own run then read slower is held to that "
         "run where it was pushed, while it does not run there, for this long (0: never)",
     )
+    challenger_min_steps: float = Field(
+        default=0.0,
+        ge=0,
+        description="a k with some live steps of its own at a batch cell, fewer than this, does "
+        "not replace a running k that has this many there; the bursts go on measuring it (0: off)",
+    )
     first_sight_from_prior: bool = Field(
         default=True,
         description=(
