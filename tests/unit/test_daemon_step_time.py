@@ -370,6 +370,27 @@ def test_after_a_shift_a_k_leaning_on_other_k_live_steps_is_unproven_where_they_
     assert not estimator.estimate(PARAMS).unproven.any()
 
 
+def test_after_a_shift_a_k_alone_in_its_graph_kind_on_a_few_steps_is_unproven() -> None:
+    # H200 decode-heavy B≈254 (docs/results.md, "At 1cd9e3d"): k=1, alone off the graph the
+    # profile timed it on, had 3 burst steps since a shift, all on the graph (17 ms), and was
+    # pushed over the running k=0 (ran at twice that). Here k=3 is alone in its kind at 128.
+    off = np.zeros((len(KS), len(GRID)), dtype=bool)
+    off[3, GRID.index(128)] = True
+    estimator = StepTimeEstimator(StepTimeLayout(PROFILE, 256, off_graph=off))
+    estimator.add(_steps(1, [128], 1.0, repeat=1000), now=0.0, half_life_s=1e9, shift=0.15)
+    estimator.add(_steps(1, [128], 2.0, repeat=300), now=1.0, half_life_s=1e9, shift=0.15)
+    unproven = estimator.estimate(PARAMS).unproven
+    assert not unproven[3, 127]  # nothing of its own: the profile's, as before the shift
+    burst = {**_steps(1, [128], 2.0, repeat=100), **_steps(3, [128], 0.5, repeat=5)}
+    estimator.add(burst, now=2.0, half_life_s=1e9, shift=0.15)
+    unproven = estimator.estimate(PARAMS).unproven
+    assert unproven[3, 120:128].all() and not unproven[1, 120:128].any()
+    # As many steps of its own as the prior weighs (w = 100): its own evidence leads.
+    more = {**_steps(1, [128], 2.0, repeat=300), **_steps(3, [128], 0.5, repeat=95)}
+    estimator.add(more, now=3.0, half_life_s=1e9, shift=0.15)
+    assert not estimator.estimate(PARAMS).unproven[3, 120:128].any()
+
+
 def test_borrowing_across_graph_modes_is_not_leaning_on_other_k() -> None:
     # The profile timed k=2/3 off the full graph at B 121..128: k=0/1's steps there say
     # nothing of them (they borrow nothing), so only k=0 leans on k=1's steps after a shift.

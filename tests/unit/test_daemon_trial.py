@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from bench.burst_drop_sim import k_at
 from bench.live_step_time_sim import daemon_at
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tabletune import __version__
@@ -527,6 +527,8 @@ def test_a_k_no_trial_may_take_again_yet_is_judged_on_its_bursts() -> None:
     assert dense_lookup(decision.new or (), MAX_B, 3)[LOAD] == 2
 
 
+# Each example writes the state file with fsync: no per-example deadline (it is the disk's).
+@settings(deadline=None)
 @given(
     tried=st.dictionaries(
         st.tuples(st.integers(0, 3), st.sampled_from((1, 121, 249))),

@@ -21,12 +21,12 @@ its own at a cell counts as measured there, its steps faded or not, until the ce
 changes (a shift, below) or the cell loses sight of it (its steps too few to see a shift): a
 k measured worse than the running one is not explored again each time its evidence fades.
 After a shift, one with fewer steps of its own than ``w`` where another k has as many is
-``unproven``: its estimate leans on what the other k show under the new traffic, and the
-decision does not trust it over them. The seconds after a shift run slow while the traffic
-settles: ``settle_s`` later, a k that ran the cell meanwhile and runs it no more is forgotten
-once more (it stood on those seconds alone). The
-uncertainty of r_hat combines the prior's (weight w, spread ``prior_sigma`` as a share of
-what it pulls toward) and the live mean's (per-step variance, steps counted as
+``unproven``: its estimate leans on what the other k show under the new traffic (or, alone in
+its graph kind, on its own few steps), and the decision does not trust it over them. The
+seconds after a shift run slow while the traffic settles: ``settle_s`` later, a k that ran
+the cell meanwhile and runs it no more is forgotten once more (it stood on those seconds
+alone). The uncertainty of r_hat combines the prior's (weight w, spread ``prior_sigma`` as a
+share of what it pulls toward) and the live mean's (per-step variance, steps counted as
 ``1/correlation`` independent samples, since neighbouring steps are alike; a cell of too few
 steps for its own takes the replica's spread as a share of the step, at its own level). A k
 that left the graph is pulled toward its own group's live
@@ -399,6 +399,14 @@ class StepTimeEstimator:
             else:
                 common = np.where(mine, ((w + shown) / (w + counted))[None, :], common)
             leaning |= mine & (mine & own).any(axis=0)[None, :] & self.shifted[None, :]
+        # A k with a few steps of its own since the shift is unproven where the cell's running
+        # k has the prior's weight, whether or not a k of its group has: alone in its group
+        # (the traffic took it off the graph) it stands on those few alone (H200, decode-heavy
+        # B≈254: 3 burst steps of k=1 right after a shift, all on the CUDA graph, put it at
+        # 17 ms; it was pushed and ran at twice that). With none it is the profile's, as before.
+        runner = np.clip(self.runner, 0, None)
+        runner_own = own[runner, np.arange(own.shape[1])] & (self.runner >= 0)
+        leaning |= (runner_own & self.shifted)[None, :] & (self.measured > 0)
         ratio = (w * common + weighted) / (w + steps)
         ratio = np.where(unknown, UNKNOWN_RATIO, ratio)
 
