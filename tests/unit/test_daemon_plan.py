@@ -368,8 +368,14 @@ def _k3_ahead_on(own_k3: float, own_k2: float) -> Estimates:
     own = np.zeros(ms.shape)
     own[profile.ks.index(3), 32:64] = own_k3
     own[profile.ks.index(2), 32:64] = own_k2
+    return _live(ms, own)
+
+
+def _live(ms: np.ndarray, own: np.ndarray) -> Estimates:
+    """Step times ``ms`` (rows ks, B 1..128) at 1 % uncertainty, each k with ``own`` live steps
+    of its own (none run as the main k)."""
     return Estimates(
-        step_times=StepTimes(grid=tuple(range(1, 129)), ks=profile.ks, ms=ms),
+        step_times=StepTimes(grid=tuple(range(1, 129)), ks=POOL.step_times.ks, ms=ms),
         rates=POOL.prior,
         relative_sigma=np.full(ms.shape, 0.01),
         own_steps=own,
@@ -394,9 +400,9 @@ def _k_at_40(estimates: Estimates, settings: object = CHALLENGERS_MEASURED) -> i
 
 
 def test_a_k_a_few_bursts_measured_need_not_displace_a_running_k_measured_there() -> None:
-    # With DECISION__CHALLENGER_MIN_STEPS at 30.
-    # H200 decode-heavy B≈254 (docs/results.md, "At 1cd9e3d"): 3 burst steps after a shift
-    # check put k=1 at 17 ms, it was pushed, and ran at twice that.
+    # With DECISION__CHALLENGER_MIN_STEPS at 30. H200 decode-heavy B≈254 (docs/results.md,
+    # "At 1cd9e3d"): every push of k=1 stood on fewer than 30 burst steps (3 after a shift
+    # check put it at 17 ms; it ran at twice that).
     assert _k_at_40(_k3_ahead_on(own_k3=3.0, own_k2=500.0)) == 2
     assert _k_at_40(_k3_ahead_on(own_k3=MEASURED_STEPS - 1, own_k2=500.0)) == 2
     assert _k_at_40(_k3_ahead_on(own_k3=MEASURED_STEPS, own_k2=500.0)) == 3  # measured now
@@ -422,16 +428,10 @@ def test_no_batch_size_moves_to_a_k_few_steps_measured_where_its_k_was_measured(
     profile = POOL.step_times
     ms = profile.dense(128) * np.asarray(factors)[:, None]
     own = np.repeat(np.asarray(own_by_block).reshape(4, 16), 8, axis=1)
-    estimates = Estimates(
-        step_times=StepTimes(grid=tuple(range(1, 129)), ks=profile.ks, ms=ms),
-        rates=POOL.prior,
-        relative_sigma=np.full(ms.shape, 0.01),
-        own_steps=own,
-        run_steps=np.zeros(ms.shape),
-    )
     decision = decide(
-        estimates=estimates, view=_view(), load_weights={40: 1.0}, settings=CHALLENGERS_MEASURED
-    )
+        estimates=_live(ms, own), view=_view(), load_weights={40: 1.0},
+        settings=CHALLENGERS_MEASURED,
+    )  # fmt: skip
     assert decision.new is not None
     before, after = dense_lookup(START, 128, 3), dense_lookup(decision.new, 128, 3)
     for b in range(1, 129):
