@@ -104,15 +104,18 @@ def arm_sums(windows: Iterable[Row]) -> dict[tuple[int, int, int], list[float]]:
     return sums
 
 
+def daemon_pool(raw: Row) -> PoolProfile:
+    """The pool the launch's daemon ran with: its profile, the default acceptance prior."""
+    return make_pool(load_profile(ROOT / raw["meta"]["daemon"]["profile"]), None)
+
+
 def pure_decode_ms(raw: Row) -> Callable[[int, float], float] | None:
-    """The profile's step time (ms) of k at a batch size: pure decode, no prompt riding
-    along; None for a launch whose daemon had no profile."""
-    path = raw.get("meta", {}).get("daemon", {}).get("profile")
-    if not path:
+    """The profile's step time (ms) of k at a (mean, fractional) batch size: pure decode, no
+    prompt riding along; None for a launch whose daemon had no profile."""
+    if not raw.get("meta", {}).get("daemon", {}).get("profile"):
         return None
-    profile = make_pool(load_profile(ROOT / path), None).step_times
-    row = {k: i for i, k in enumerate(profile.ks)}
-    return lambda k, batch: float(np.interp(batch, profile.grid, profile.ms[row[k]]))
+    profile = daemon_pool(raw).step_times
+    return lambda k, batch: float(np.interp(batch, profile.grid, profile.row(k)))
 
 
 def prompt_corrected(
@@ -131,9 +134,8 @@ def log_ratio_sd(burst: list[float], arm: list[float], correlation: float) -> fl
     steps counted as ``1/correlation`` independent samples (the estimator's model)."""
     total = 0.0
     for steps, seconds, _tokens, seconds_sq, *_ in (burst, arm):
-        mean = seconds / steps
-        share = max(seconds_sq / steps - mean * mean, 0.0) / (mean * mean)
-        total += share * correlation / steps
+        share = _step_sd_ms(steps, seconds, seconds_sq) / (1000 * seconds / steps)
+        total += share * share * correlation / steps
     return math.sqrt(total)
 
 
@@ -309,7 +311,7 @@ def per_shape_slopes(pairs: list[Row]) -> Row:
 def replayed(raw: Row, part: str) -> Iterator[tuple[Row, float, StepTimeEstimate, PoolProfile]]:
     """The daemon part's windows fed in turn into this checkout's estimator (default step-time
     settings, the part's prior): each window, the seconds so far and the estimate after it."""
-    pool = make_pool(load_profile(ROOT / raw["meta"]["daemon"]["profile"]), None)
+    pool = daemon_pool(raw)
     settings = StepTimeSettings()
     estimator = StepTimeEstimator(StepTimeLayout.of_pool(pool))
     params = settings.blend_params()

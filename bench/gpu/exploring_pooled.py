@@ -31,6 +31,7 @@ from step_trace_report import (
     BOOTSTRAP_DRAWS,
     exploring_parts,
     read_trace,
+    table_k_loss,
     trace_text,
 )
 
@@ -40,8 +41,7 @@ Row = dict[str, Any]
 
 def window_loss(per_window: np.ndarray) -> float:
     """1 - (all steps' kept tokens per second) / (the table k's steps'), over the windows."""
-    kept, seconds, table_kept, table_seconds = per_window.sum(axis=0)
-    return float(1 - (kept / seconds) / (table_kept / table_seconds))
+    return table_k_loss(per_window.sum(axis=0))
 
 
 def pooled(launches: Sequence[np.ndarray], draws: int = BOOTSTRAP_DRAWS) -> Row:

@@ -283,7 +283,7 @@ def table_k_at(table: Sequence[Sequence[int]] | None, batch: int) -> int | None:
 BOOTSTRAP_DRAWS = 2000
 
 
-def _loss(sums: np.ndarray) -> float:
+def table_k_loss(sums: np.ndarray) -> float:
     """1 - (all steps' kept tokens per second) / (the table k's steps')."""
     kept, seconds, table_kept, table_seconds = sums
     return float(1 - (kept / seconds) / (table_kept / table_seconds))
@@ -371,7 +371,7 @@ def exploring_parts(raw: Row, lines: Sequence[tuple[float, ...]]) -> list[tuple[
             "until_s": settled[-1].get("since_daemon_start_s"),
             "windows": len(settled),
             "steps": int(sum(v[0] for v in kinds.values())),
-            "loss_against_the_table_k_steps": round(_loss(totals), 4),
+            "loss_against_the_table_k_steps": round(table_k_loss(totals), 4),
             "bootstrap_95": _bootstrap(per_window),
             "kinds": {
                 kind: {"steps": int(n), "time_share": round(s / totals[1], 4),
