@@ -26,6 +26,14 @@ traced() {  # NAME STAMP: a launch that kept its logs and engine step trace, its
     --step-trace "$RAW/step_trace_h200_$2.csv.gz"
 }
 
+table_pooled() {  # NAME PART REPORT...: the daemon's table at PART over launches of one commit
+  local name=$1 part=$2
+  shift 2
+  "$PY" bench/gpu/table_pooled.py --name "$name" --part "$part" \
+    $(printf 'bench/results/eval_traffic_%s_h200.json ' "$@") >/dev/null
+  echo "bench/results/table_pooled_${name}_h200.json"
+}
+
 report chat_like eval_traffic_chat_like_h200_20261130T1852Z.json
 report chat_like_b192 eval_traffic_chat_like_b192_h200_20261130T1932Z.json
 report chat_like_b192_12s eval_traffic_chat_like_b192_12s_h200_20261130T2359Z.json \
@@ -137,6 +145,12 @@ traced decode_heavy_b256_nightjar_newest_blocks 20261202T0841Z
 traced decode_heavy_b256_hold_blocks 20261202T1035Z
 traced decode_heavy_b256_hold_again_blocks 20261202T1043Z
 traced decode_heavy_b256_hold_nightjar_blocks 20261202T1050Z
+# After a shift a k on a few steps is unproven (6d27acf), decode-heavy B≈256, the daemon 200 s.
+traced decode_heavy_b256_unproven_blocks 20261202T1301Z
+# The daemon's table over each commit's three launches at one load together (table_pooled.py).
+table_pooled decode_heavy_b256_priced_acceptance decode-heavy-B256 \
+  decode_heavy_b256_priced_acceptance{,_again}_blocks decode_heavy_b256_nightjar_newest_blocks
+table_pooled decode_heavy_b256_hold decode-heavy-B256 decode_heavy_b256_hold{,_again,_nightjar}_blocks
 # Issue 16's goals over every launch above (bench/results/eval_traffic_summary_h200.json + PNG).
 "$PY" bench/gpu/traffic_summary.py >/dev/null
 echo bench/results/eval_traffic_summary_h200.json

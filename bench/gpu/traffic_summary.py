@@ -35,9 +35,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from table_pooled import NotPoolable, pool
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -272,26 +277,38 @@ def summarize(reports: dict[str, Row]) -> Row:
             for shape, group in by_shape.items()
         }
         | {"shape_change": changes},
-        "daemon_at_newest_commit": newest_commit_goals(rows, changes),
+        "daemon_at_newest_commit": newest_commit_goals(rows, changes, chosen),
         "newest_launch_per_load": newest_launch_per_load(rows),
         "model_check": model_check(chosen),
         "loads": dict(by_shape),
     }
 
 
-def newest_commit_goals(rows: list[Row], changes: list[Row]) -> Row:
+def newest_commit_goals(rows: list[Row], changes: list[Row], reports: dict[str, Row]) -> Row:
     """The goals over the newest commit's launches (by date) whose daemon ran on its default
-    settings: the daemon's and the bandit's against it per shape, and its shape changes."""
+    settings: the daemon's and the bandit's against it per shape, and its shape changes; and
+    the daemon's again with each load that several of them ran judged on their blocks
+    together (``pooled``, table_pooled.py), in place of each launch alone."""
     if not rows:
         return {}
     commit = max(rows, key=lambda r: r["date"])["commit"]
     mine = [r for r in rows if r["commit"] == commit and not r.get("daemon_settings")]
     by_shape = {s: [r for r in mine if r["shape"] == s] for s in sorted({r["shape"] for r in mine})}
+    pooled, not_pooled = pooled_rows(mine, reports)
     return {
         "commit": commit,
         "goals": {
             shape: daemon_goal(group, GOALS.get(shape, DEFAULT_GOAL))
             for shape, group in by_shape.items()
+        },
+        "pooled": {
+            "loads": pooled,
+            "not_pooled": not_pooled,
+            "goals": {
+                shape: daemon_goal(with_pooled(group, pooled), GOALS.get(shape, DEFAULT_GOAL))
+                for shape, group in by_shape.items()
+                if any(r["shape"] == shape for r in pooled)
+            },
         },
         "nightjar_style_over_daemon": {
             shape: nightjar_goal(group)
@@ -305,6 +322,47 @@ def newest_commit_goals(rows: list[Row], changes: list[Row]) -> Row:
         },
         "shape_change": [c for c in changes if c["commit"] == commit],
     }
+
+
+def pooled_rows(rows: list[Row], reports: dict[str, Row]) -> tuple[list[Row], list[Row]]:
+    """One row per load that more than one of ``rows`` (launches of one commit) ran with its
+    daemon's table in the arm (not a trial's), judged on their blocks together; and the loads
+    that could not be pooled, with why."""
+    by_load: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for row in rows:
+        if row["daemon_bound"] is not None:
+            by_load[(row["shape"], row["clients"])].append(row)
+    pooled, refused = [], []
+    for (shape, clients), group in sorted(by_load.items()):
+        if len(group) < 2:
+            continue
+        names = [r["report"] for r in group]
+        try:
+            judged = pool([(n, reports[n]) for n in names], f"{shape}-B{clients}",
+                          GOALS.get(shape, DEFAULT_GOAL))  # fmt: skip
+        except NotPoolable as why:
+            refused.append({"load": f"{shape}-B{clients}", "why": str(why)})
+            continue
+        by_mix = judged["daemon_by_k_mix"]
+        pooled.append({
+            "shape": shape, "clients": clients,
+            "effective_batch": statistics.fmean(r["effective_batch"] for r in group),
+            "reports": names, "date": max(r["date"] for r in group), "commit": group[0]["commit"],
+            "blocks": judged["blocks"], "best_fixed_k": judged["best_fixed_k"],
+            "best_identified": judged["best_fixed_k_sign_test"]["identified"],
+            "daemon_k": by_mix["own_k"], "daemon_loss": by_mix["loss_from_k_mix"],
+            "daemon_bound": [by_mix["loss_lower_bound"], by_mix["loss_upper_bound"]],
+            "blocks_for_a_bound_within_the_goal": judged["blocks_for_a_bound_within_the_goal"],
+        })  # fmt: skip
+    return pooled, refused
+
+
+def with_pooled(rows: list[Row], pooled: list[Row]) -> list[Row]:
+    """``rows`` with the launches of each pooled load replaced by its pooled row."""
+    loads = {(p["shape"], p["clients"]) for p in pooled}
+    kept = [r for r in rows if (r["shape"], r["clients"]) not in loads]
+    shapes = {r["shape"] for r in rows}
+    return kept + [p for p in pooled if p["shape"] in shapes]
 
 
 def newest_launch_per_load(rows: list[Row]) -> Row:
@@ -334,6 +392,9 @@ def newest_rows(rows: list[Row]) -> dict[tuple[str, str], Row]:
 
 
 def _where(row: Row) -> str:
+    if "reports" in row:  # several launches pooled
+        launches = len(row["reports"])
+        return f"B≈{row['effective_batch']:.0f} ({launches} launches to {row['date'][:16]})"
     return f"B≈{row['effective_batch']:.0f} ({row['date'][:16]})"
 
 

@@ -297,3 +297,56 @@ def test_the_exploring_read_step_by_step_is_preferred_to_the_k_mix() -> None:
     assert per_load["B128"]["exploring"]["loss"] == 0.0062  # no trace: the k mix
     goal = out["goals"]["decode-heavy"]["daemon_exploring_worst_load_loss"]
     assert goal["verdict"] == missed and goal["worst"] == 0.0206
+
+
+def _with_blocks(entry: Row, ratios: list[float], scale: float) -> Row:
+    """``entry`` with its arms' blocks: k2 (the daemon's k, its arm alike) against k1 at
+    ``ratios``, k3 well behind, at ``scale`` tokens/s."""
+    per_arm = {"k1": [scale / r for r in ratios], "k2": [scale] * len(ratios),
+               "k3": [scale * 0.7] * len(ratios), "daemon": [scale] * len(ratios)}  # fmt: skip
+    arms = {arm: {"tokens_per_s": [scale] * 4, "blocks": {"tokens_per_s": values}}
+            for arm, values in per_arm.items()}  # fmt: skip
+    return {**entry, "arms": arms, "k_time_mix": {"daemon": {"2": 1.0}}}
+
+
+def test_a_load_several_newest_launches_ran_is_judged_on_their_blocks_together() -> None:
+    """Launch by launch a near-tie flips which k is best (one launch reads the daemon's k 3 %
+    behind); pooled, the blocks of all of them decide, and that judgement stands in for the
+    launches in the pooled goal."""
+    new = {"date": "2026-12-02T13:40", "commit": "6d27acf0"}
+    reports = {
+        "a.json": _report({"decode-heavy-B256": _with_blocks(
+            _load(0.0, (0.0, 0.08), batch=254.0), [1.02, 1.01, 0.99, 1.03, 1.0], 20_000.0)},
+            date="2026-12-02T13:30", commit="6d27acf0"),
+        "b.json": _report({"decode-heavy-B256": _with_blocks(
+            _load(0.03, (0.0, 0.09), batch=255.0), [0.96, 0.98, 0.97, 1.0, 0.99], 15_000.0)},
+            **new),
+        "c.json": _report({"decode-heavy-B128": _load(0.0, (0.0, 0.01))}, **new),
+        "trial.json": _report({"decode-heavy-B256": _with_blocks(
+            _load(0.2, (0.0, 0.3), batch=254.0, daemon_trial_at_stop={"k": 3},
+                  tables_by_k_mix={"daemon_standing": {"loss_from_k_mix": 0.0}}),
+            [0.5] * 5, 9_000.0)}, **new),
+    }  # fmt: skip
+    newest = summary_module.summarize(reports)["daemon_at_newest_commit"]
+    assert newest["goals"]["decode-heavy"]["worst"] == 0.03  # b.json alone
+    pooled = newest["pooled"]
+    (load,) = pooled["loads"]
+    assert load["reports"] == ["a.json", "b.json"]  # the trial's arm ran another table
+    assert load["blocks"] == 10 and load["best_fixed_k"] == "k1"
+    assert load["daemon_k"] == 2 and 0.0 < load["daemon_loss"] < 0.03
+    goal = pooled["goals"]["decode-heavy"]
+    assert goal["worst_at"] == "B≈254 (2 launches to 2026-12-02T13:40)"
+    assert goal["worst"] == load["daemon_loss"]
+    assert pooled["not_pooled"] == []
+
+
+def test_a_load_whose_launches_cannot_be_pooled_says_why() -> None:
+    new = {"date": "2026-12-02T13:40", "commit": "6d27acf0"}
+    reports = {
+        name: _report({"decode-heavy-B256": _load(0.0, (0.0, 0.08), batch=254.0)}, **new)
+        for name in ("a.json", "b.json")
+    }  # no blocks' tokens/s in these reports
+    pooled = summary_module.summarize(reports)["daemon_at_newest_commit"]["pooled"]
+    assert pooled["loads"] == [] and pooled["goals"] == {}
+    why = "a.json: decode-heavy-B256: no daemon arm run in blocks"
+    assert pooled["not_pooled"] == [{"load": "decode-heavy-B256", "why": why}]
