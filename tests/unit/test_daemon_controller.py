@@ -338,6 +338,25 @@ def test_guard_rolls_back_a_push_that_lowered_goodput() -> None:
     assert engine.state.ranges == before  # held during the cooldown
 
 
+@pytest.mark.parametrize("shifts", [True, False])
+def test_a_traffic_shift_after_a_rollback_ends_its_hold(shifts: bool) -> None:
+    """The guard judged the table it rolled back on the traffic its samples saw; once the
+    traffic shifts, the daemon decides for the new traffic at once instead of waiting out the
+    cooldown (here all but endless): the load then moves and a decision is due, made only
+    where the traffic shifted."""
+    rig = slow_once_pushed(cooldown_s="100000")
+    engine = rig.engines["r1"]
+    before = engine.state.ranges
+    reports = rig.cycles(3)
+    assert reports[-1].rolled_back and engine.state.ranges == before  # type: ignore[attr-defined]
+    if shifts:  # the running k's steps now take 1.5 times as long: another shape of traffic
+        engine.k_scale = {engine.state.k_for(engine.load): 1.5}
+    rig.cycles(3)
+    engine.load = 100
+    decided = [r.decisions for r in rig.cycles(3)]  # type: ignore[attr-defined]
+    assert any(decided) is shifts
+
+
 @pytest.mark.parametrize(("cooldown_s", "interval"), [("100000", 128), ("0", 32)])
 def test_bursts_run_at_the_recheck_interval_while_a_rollback_holds_pushes(
     cooldown_s: str, interval: int

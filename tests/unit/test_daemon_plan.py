@@ -24,6 +24,7 @@ from tabletune.daemon.plan import (
     load_moved,
     min_range_width,
     plan_replica,
+    rollback_hold_until,
     same_traffic,
 )
 from tabletune.daemon.profiles import make_pool
@@ -158,6 +159,42 @@ def test_a_rollback_cooldown_holds_the_next_push() -> None:
     rt = _runtime(hold_until=NOW + 60)
     plan = plan_replica(rt, _inputs(rates_moved=True), settings=SETTINGS, dry_run=False)
     assert plan.held and plan.effects == ()
+
+
+@pytest.mark.parametrize(
+    ("shifted_at", "hold_until"),
+    [
+        (None, NOW + 600),  # no shift: the hold stands
+        (NOW - 400, NOW + 600),  # a shift before the rollback: its hold stands
+        (NOW - 100, NOW - 100),  # a shift after it: the hold ends there
+        (NOW + 700, NOW + 600),  # a shift after the hold ended moves nothing
+    ],
+)
+def test_a_rollbacks_hold_ends_when_the_traffic_shifts_after_it(
+    shifted_at: float | None, hold_until: float
+) -> None:
+    rolled_back_at = NOW - 300
+    assert rollback_hold_until(NOW + 600, rolled_back_at, shifted_at) == hold_until
+
+
+def test_without_a_rollback_no_shift_makes_a_hold() -> None:
+    assert rollback_hold_until(0.0, None, NOW) == 0.0
+
+
+@settings(max_examples=200)
+@given(
+    hold=st.floats(0, 2e4),
+    rolled_back_at=st.one_of(st.none(), st.floats(0, 2e4)),
+    shifted_at=st.one_of(st.none(), st.floats(0, 2e4)),
+)
+def test_a_shift_only_ever_shortens_a_hold(
+    hold: float, rolled_back_at: float | None, shifted_at: float | None
+) -> None:
+    until = rollback_hold_until(hold, rolled_back_at, shifted_at)
+    assert until <= hold
+    assert until == hold or (
+        shifted_at is not None and rolled_back_at is not None and until == shifted_at
+    )
 
 
 def test_ranges_never_narrower_than_the_hysteresis_band() -> None:

@@ -141,6 +141,7 @@ class Outcomes:
         rt.record.pushed, rt.record.previous = back, None
         rt.set_trial(None)
         rt.hold_until = now + self.settings.guard.cooldown_s
+        rt.rolled_back_at = now
         self.metrics.rollbacks.labels(rt.replica).inc()
         self.metrics.set_table(rt.replica, pending.previous, view.version)
         report.rolled_back.append(rt.replica)

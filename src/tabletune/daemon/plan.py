@@ -179,6 +179,18 @@ def same_traffic(
     return tuple(s for s in before if shifted_at is None or s.at > shifted_at)
 
 
+def rollback_hold_until(
+    hold_until: float, rolled_back_at: float | None, shifted_at: float | None
+) -> float:
+    """When a rollback's hold on pushes ends: at its cooldown's end, or when the traffic
+    shifts after it if sooner. The guard judged the table it rolled back on the traffic its
+    samples saw (``same_traffic``); on new traffic that judgement says nothing, and waiting
+    out the cooldown (15 minutes by default) would leave the old traffic's table in."""
+    if rolled_back_at is None or shifted_at is None or shifted_at <= rolled_back_at:
+        return hold_until
+    return min(hold_until, shifted_at)
+
+
 def min_range_width(settings: DaemonSettings) -> int:
     """No range narrower than the plugin's hysteresis band (a load inside a narrower range
     would keep the k of a neighbour and never run it)."""

@@ -39,6 +39,7 @@ from tabletune.daemon.plan import (
     load_moved,
     mean_load,
     plan_replica,
+    rollback_hold_until,
 )
 from tabletune.daemon.replica_io import ReplicaIo, Round
 from tabletune.daemon.retry import with_retries
@@ -114,6 +115,7 @@ class ReplicaTurn:
         if obs.reset:
             rt.step_time.clear()  # the engine restarted, perhaps with other settings
         self.settings.step_time.feed(rt.step_time, obs.step_cells, now)
+        self._end_hold_on_shift(rt, now)
         estimate = self._held_to_runs(
             rt, rt.step_time.estimate(self._params, prior_sigma=rt.pool.relative_sigma), now
         )
@@ -124,6 +126,18 @@ class ReplicaTurn:
             rt, obs, unit, rebuilt, now, report, admin, self.admin_for(rt.admin_url), estimate
         )
         self._with_view(turn, then=partial(self._plan_and_apply, turn))
+
+    @staticmethod
+    def _end_hold_on_shift(rt: ReplicaRuntime, now: float) -> None:
+        until = rollback_hold_until(rt.hold_until, rt.rolled_back_at, rt.step_time.shifted_at)
+        if until < rt.hold_until and now < rt.hold_until:
+            log.info(
+                "rollback hold ended: the traffic shifted",
+                replica=rt.replica,
+                rolled_back_s_ago=round(now - (rt.rolled_back_at or now), 1),
+                hold_left_s=round(rt.hold_until - now),
+            )
+        rt.hold_until = until
 
     def _held_to_runs(
         self, rt: ReplicaRuntime, estimate: StepTimeEstimate, now: float

@@ -29,7 +29,8 @@ class ReplicaRuntime:
     history: GoodputHistory
     step_time: StepTimeEstimator
     pending: PendingCheck | None = None
-    hold_until: float = 0.0
+    hold_until: float = 0.0  # a rollback holds pushes until then (plan.rollback_hold_until)
+    rolled_back_at: float | None = None
     watched_since: float = 0.0  # when this daemon first saw the replica
     needs_decision: bool = True  # first sight, a failed push, a version race, a restart
     view: TableView | None = None

@@ -433,7 +433,12 @@ class GuardSettings(_Group):
     min_samples: int = Field(
         default=3, ge=1, description="cycles at similar load needed on each side to judge"
     )
-    cooldown_s: float = Field(default=900.0, ge=0, description="no new push after a rollback")
+    cooldown_s: float = Field(
+        default=900.0,
+        ge=0,
+        description="no new push for this long after a rollback, unless the traffic shifts "
+        "after it (the rollback was judged on the old traffic)",
+    )
 
 
 class DriftSettings(_Group):
