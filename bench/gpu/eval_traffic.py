@@ -90,14 +90,29 @@ def rounds_that_fit(
     return 0
 
 
+def zigzag(n: int) -> list[int]:
+    """0, 1, n-1, 2, n-2, ...: steps between neighbours that take every size once (a
+    Williams design's first row)."""
+    low, high, out = 1, n - 1, [0]
+    while len(out) < n:
+        out.append(low)
+        low += 1
+        if len(out) < n:
+            out.append(high)
+            high -= 1
+    return out
+
+
 def rotations(arms: list[str], rounds: int) -> list[str]:
-    """Rounds in pairs: pair p is ``arms`` rotated by p places, then the same reversed (A B C,
-    C B A, then B C A, A C B ...). Over each pair every arm's mean place is the same, so a drift
-    in the machine favours none; the rotation moves who follows whom from pair to pair."""
-    out: list[str] = []
+    """Rounds in pairs: pair p is ``arms`` in a zigzag from place p (A B D C, then B C A D ...
+    for four), then the same reversed. Over each pair every arm's mean place is the same, so
+    a drift in the machine favours none; over len(arms) pairs every arm comes right after
+    every other exactly twice (a window carries some of the arm before it: the closed loop
+    settles into a new k's mix over seconds), where a plain rotation put each arm only ever
+    after the two beside it in the list."""
+    n, steps, out = len(arms), zigzag(len(arms)), []
     for r in range(rounds):
-        shift = (r // 2) % len(arms)
-        order = arms[shift:] + arms[:shift]
+        order = [arms[(r // 2 + step) % n] for step in steps]
         out.extend(reversed(order) if r % 2 else order)
     return out
 

@@ -42,8 +42,11 @@
 # tables alike), but the plugin's step cells in /metrics, which lag by up to one sync interval
 # (TABLETUNE_SYNC_INTERVAL_S, 1 s unless set; a smaller --settle-s is refused), so a window's k
 # mix is of its arm alone. vLLM's token counters, which tokens/s comes from, do not lag. The
-# closed loop's requests take a few seconds to settle into the new k's mix; the rotation varies
-# which arm comes before which, so that is not waited for.
+# closed loop's requests take a few seconds to settle into the new k's mix; the rotation puts
+# every arm right after every other equally often (twice over len(arms) pairs of rounds, a
+# zigzag order and its reverse: eval_traffic.py's rotations), so that is not waited for.
+# Launches up to 2026-12-02 13:01 UTC (6d27acf) rotated plainly (each arm only ever after its
+# two neighbours in --arms).
 # Results under $OUT: eval_traffic.json (every window's raw row, with its start and end in
 # UTC), eval_traffic_h200.json (the report), gpu_clocks.csv (nvidia-smi once a second),
 # host_load.csv (bench/gpu/host_logger.py once a second: the host's busy, iowait and steal

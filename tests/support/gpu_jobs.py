@@ -33,7 +33,11 @@ def engine_state(raw: dict[str, Any]) -> Any:
 
 def load_gpu_module(name: str) -> ModuleType:
     """``bench/gpu/<name>.py`` as a module (the folder is no package), registered under its
-    name: the folder's scripts import each other by name, and dataclasses look their module up."""
+    name: the folder's scripts import each other by name, and dataclasses look their module up.
+    The folder goes on the import path as when a script of it runs (its own folder first), so
+    a module imports what it needs whichever test loaded it first."""
+    if str(GPU) not in sys.path:
+        sys.path.insert(0, str(GPU))
     spec = importlib.util.spec_from_file_location(name, GPU / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

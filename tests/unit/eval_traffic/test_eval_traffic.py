@@ -11,6 +11,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +39,22 @@ def test_rotations_give_every_arm_every_round_and_the_same_mean_place(
     places = {arm: [r.index(arm) for r in rounds] for arm in arms}
     means = {statistics.fmean(p) for p in places.values()}
     assert max(means) - min(means) < 1e-9  # a drift in the machine favours no arm
+
+
+@given(arms=st.lists(st.sampled_from(ARMS), min_size=2, max_size=7, unique=True))
+def test_over_a_cycle_of_pairs_every_arm_follows_every_other_equally_often(
+    driver: ModuleType, arms: list[str]
+) -> None:
+    """A window carries some of the arm before it (the closed loop's requests settle into a
+    new k's mix over seconds): over len(arms) pairs of rounds each arm comes right after each
+    other arm within a round exactly twice, so no arm gains from its neighbours (a plain
+    rotation put each arm only ever after the two beside it in the list)."""
+    n = len(arms)
+    order = driver.rotations(arms, 2 * n)
+    rounds = [order[i : i + n] for i in range(0, len(order), n)]
+    follows = Counter((r[j - 1], r[j]) for r in rounds for j in range(1, n))
+    assert set(follows) == {(a, b) for a in arms for b in arms if a != b}
+    assert set(follows.values()) == {2}
 
 
 def test_the_documented_table_is_cut_at_max_num_seqs(driver: ModuleType) -> None:
