@@ -71,7 +71,13 @@ from live_daemon_report import (  # noqa: E402  (this script's folder is first o
     trial_at_stop,
 )
 from live_step_time_report import GENERATION, pooled, tau, throughput  # noqa: E402
-from step_trace_report import exploring_cost, read_trace, trace_text  # noqa: E402
+from step_trace_report import (  # noqa: E402
+    exploring_cost,
+    overlap_s,
+    read_trace,
+    rollback_holds,
+    trace_text,
+)
 
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE  # noqa: E402
 from tabletune.step_cells import CellTotals  # noqa: E402
@@ -525,8 +531,12 @@ def load_report(raw: Row, part: str) -> Row | None:
         "daemon_by_k_mix": daemon_by_k_mix(time_mix["daemon"], best, units, key, arms)}  # fmt: skip
     own = [w for w in raw["windows"] if w["part"] == f"{part}-daemon"]
     if own:
-        by_mix["daemon_exploring_by_k_mix"] = daemon_exploring_by_k_mix(
-            own, round(effective), best, arms, key)  # fmt: skip
+        reading = daemon_exploring_by_k_mix(own, round(effective), best, arms, key)
+        span = (reading["settled_at_s"], reading["until_s"])
+        if reading["loss_from_k_mix"] is not None and None not in span:
+            holds = rollback_holds(raw, f"{part}-daemon")  # bursts sparse while one holds
+            reading["inside_a_rollback_hold_s"] = round(overlap_s(span, holds), 1)
+        by_mix["daemon_exploring_by_k_mix"] = reading
     # The bandit: an arm of the rotation, or (runs of blocks) its own windows after it.
     alone = [w for w in raw["windows"] if w["part"] == f"{part}-nightjar"]
     alone_cells = pooled(alone)

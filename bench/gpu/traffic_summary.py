@@ -103,6 +103,9 @@ def rows_of(report: Row, name: str) -> list[Row]:
             row["exploring_loss"] = exploring["loss_from_k_mix"]
             row["exploring_bound"] = [exploring["loss_lower_bound"], exploring["loss_upper_bound"]]
             row["exploring_reading"] = "k mix (reads low: switch steps are in no cell)"
+        read = traced if traced.get("bootstrap_95") else exploring
+        if read.get("inside_a_rollback_hold_s"):  # bursts sparse then: not the usual price
+            row["exploring_inside_a_rollback_hold_s"] = read["inside_a_rollback_hold_s"]
         bandit = entry.get("nightjar_by_k_mix")
         if bandit:
             row["nightjar_loss"] = bandit["loss_from_k_mix"]
@@ -151,9 +154,17 @@ def daemon_goal(rows: list[Row], limit: float, reading: str = "daemon") -> Row:
 
 
 def exploring_goal(rows: list[Row], limit: float) -> Row | None:
-    """The daemon's goal read from its own windows once settled (None: no load has them)."""
+    """The daemon's goal read from its own windows once settled (None: no load has them),
+    naming the loads whose reading fell inside a rollback's hold on pushes, where the bursts
+    ran sparse (``read_inside_a_rollback_hold``)."""
     read = [r for r in rows if "exploring_loss" in r]
-    return daemon_goal(read, limit, "exploring") if read else None
+    if not read:
+        return None
+    goal = daemon_goal(read, limit, "exploring")
+    held = [_where(r) for r in read if r.get("exploring_inside_a_rollback_hold_s")]
+    if held:  # a rollback's hold runs the bursts sparse: those readings price less exploring
+        goal["read_inside_a_rollback_hold"] = held
+    return goal
 
 
 def tables_worst(rows: list[Row]) -> Row:

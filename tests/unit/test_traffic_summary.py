@@ -299,6 +299,27 @@ def test_the_exploring_read_step_by_step_is_preferred_to_the_k_mix() -> None:
     assert goal["verdict"] == missed and goal["worst"] == 0.0206
 
 
+def test_an_exploring_reading_inside_a_rollbacks_hold_is_named() -> None:
+    """While a rollback holds pushes the bursts run sparse: such a reading is named beside the
+    exploring goal, whose verdict it still counts in."""
+    held = {"loss_against_the_table_k_steps": 0.0008, "bootstrap_95": [-0.0036, 0.0051],
+            "inside_a_rollback_hold_s": 58.9}  # fmt: skip
+    free = {"loss_against_the_table_k_steps": 0.011, "bootstrap_95": [0.0035, 0.0188],
+            "inside_a_rollback_hold_s": 0.0}  # fmt: skip
+    reports = {
+        "a.json": _report({
+            "decode-heavy-B256": _load(0.0, (0.0, 0.045), batch=254.0,
+                                       daemon_exploring_by_trace=held),
+            "decode-heavy-B128": _load(0.0, (0.0, 0.0), daemon_exploring_by_trace=free),
+        }),
+    }  # fmt: skip
+    goal = summary_module.summarize(reports)["goals"]["decode-heavy"][
+        "daemon_exploring_worst_load_loss"
+    ]
+    assert goal["read_inside_a_rollback_hold"] == ["B≈254 (2026-12-01T12:11)"]
+    assert goal["worst"] == 0.011
+
+
 def _with_blocks(entry: Row, ratios: list[float], scale: float) -> Row:
     """``entry`` with its arms' blocks: k2 (the daemon's k, its arm alike) against k1 at
     ``ratios``, k3 well behind, at ``scale`` tokens/s."""
