@@ -91,8 +91,9 @@ def rounds_that_fit(
 
 
 def zigzag(n: int) -> list[int]:
-    """0, 1, n-1, 2, n-2, ...: steps between neighbours that take every size once (a
-    Williams design's first row)."""
+    """0, 1, n-1, 2, n-2, ...: a Williams design's first row. Its neighbours are 1, 2, 3 ...
+    places apart in turn, each distance once for an even n; an odd n needs the reverse too
+    (``rotations`` pairs every order with its reverse)."""
     low, high, out = 1, n - 1, [0]
     while len(out) < n:
         out.append(low)
