@@ -46,6 +46,16 @@ def _bandit(loss: float, low: float, high: float) -> Row:
     return {"loss_from_k_mix": loss, "loss_lower_bound": low, "loss_upper_bound": high}
 
 
+def _two_loads(b256: Row, b128: Row) -> dict[str, Row]:
+    """One report of decode-heavy B≈254 and B≈126, tables at 0 %, with these daemon fields."""
+    return {
+        "a.json": _report({
+            "decode-heavy-B256": _load(0.0, (0.0, 0.0), batch=254.0, **b256),
+            "decode-heavy-B128": _load(0.0, (0.0, 0.0), **b128),
+        }),
+    }  # fmt: skip
+
+
 def test_only_runs_in_blocks_of_the_target_count_and_a_trial_at_stop_is_priced_standing() -> None:
     standing = {"daemon_standing": {"loss_from_k_mix": 0.0}}
     reports = {
@@ -256,13 +266,8 @@ def test_the_daemon_exploring_is_judged_beside_its_table() -> None:
     a load whose daemon never settled long enough has no reading and is left out."""
     exploring = {"loss_from_k_mix": 0.036, "loss_lower_bound": 0.018, "loss_upper_bound": 0.048}
     unsettled = {"loss_from_k_mix": None, "note": "settled at the load for fewer than 5 windows"}
-    reports = {
-        "a.json": _report({
-            "decode-heavy-B256": _load(0.0, (0.0, 0.0), batch=254.0,
-                                       daemon_exploring_by_k_mix=exploring),
-            "decode-heavy-B128": _load(0.0, (0.0, 0.0), daemon_exploring_by_k_mix=unsettled),
-        }),
-    }  # fmt: skip
+    reports = _two_loads({"daemon_exploring_by_k_mix": exploring},
+                         {"daemon_exploring_by_k_mix": unsettled})  # fmt: skip
     out = summary_module.summarize(reports)
     assert out["goals"]["decode-heavy"]["daemon_worst_load_loss"]["verdict"] == "met"
     goal = out["goals"]["decode-heavy"]["daemon_exploring_worst_load_loss"]
@@ -281,14 +286,10 @@ def test_the_exploring_read_step_by_step_is_preferred_to_the_k_mix() -> None:
     just under the goal: not judgeable)."""
     k_mix = {"loss_from_k_mix": 0.0062, "loss_lower_bound": 0.0009, "loss_upper_bound": 0.0133}
     traced = {"loss_against_the_table_k_steps": 0.0206, "bootstrap_95": [0.0147, 0.0267]}
-    reports = {
-        "a.json": _report({
-            "decode-heavy-B256": _load(0.0, (0.0, 0.0), batch=254.0,
-                                       daemon_exploring_by_k_mix=k_mix,
-                                       daemon_exploring_by_trace=traced),
-            "decode-heavy-B128": _load(0.0, (0.0, 0.0), daemon_exploring_by_k_mix=k_mix),
-        }),
-    }  # fmt: skip
+    reports = _two_loads(
+        {"daemon_exploring_by_k_mix": k_mix, "daemon_exploring_by_trace": traced},
+        {"daemon_exploring_by_k_mix": k_mix},
+    )
     out = summary_module.summarize(reports)
     per_load = out["newest_launch_per_load"]["decode-heavy"]
     missed = "missed by point, not judgeable"
@@ -306,13 +307,8 @@ def test_an_exploring_reading_inside_a_rollbacks_hold_is_named() -> None:
             "inside_a_rollback_hold_s": 58.9}  # fmt: skip
     free = {"loss_against_the_table_k_steps": 0.011, "bootstrap_95": [0.0035, 0.0188],
             "inside_a_rollback_hold_s": 0.0}  # fmt: skip
-    reports = {
-        "a.json": _report({
-            "decode-heavy-B256": _load(0.0, (0.0, 0.045), batch=254.0,
-                                       daemon_exploring_by_trace=held),
-            "decode-heavy-B128": _load(0.0, (0.0, 0.0), daemon_exploring_by_trace=free),
-        }),
-    }  # fmt: skip
+    reports = _two_loads({"daemon_exploring_by_trace": held},
+                         {"daemon_exploring_by_trace": free})  # fmt: skip
     goal = summary_module.summarize(reports)["goals"]["decode-heavy"][
         "daemon_exploring_worst_load_loss"
     ]
