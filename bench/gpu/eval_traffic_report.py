@@ -67,17 +67,13 @@ from gpu_clocks import annotate, job_gpus, mean_of, read_clocks  # noqa: E402
 from host_load import annotate as annotate_host  # noqa: E402
 from host_load import read_host_load  # noqa: E402
 from live_daemon_report import (  # noqa: E402  (this script's folder is first on sys.path)
+    overlap_s,
     replay,
+    rollback_holds,
     trial_at_stop,
 )
 from live_step_time_report import GENERATION, pooled, tau, throughput  # noqa: E402
-from step_trace_report import (  # noqa: E402
-    exploring_cost,
-    overlap_s,
-    read_trace,
-    rollback_holds,
-    trace_text,
-)
+from step_trace_report import exploring_cost, read_trace, trace_text  # noqa: E402
 
 from tabletune.schemas import DOCUMENTED_EAGLE_TABLE  # noqa: E402
 from tabletune.step_cells import CellTotals  # noqa: E402

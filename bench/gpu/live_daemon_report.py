@@ -21,7 +21,9 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -76,18 +78,25 @@ def notable_log_lines(log_lines: list[str], *, limit: int = NOTABLE_LINES) -> li
     return kept[-limit:]
 
 
+def log_events(log_lines: Iterable[str]) -> Iterator[Row]:
+    """The daemon log's JSON events, in order (a line that is not one is skipped)."""
+    for line in log_lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            yield event
+
+
 def trial_at_stop(log_lines: list[str]) -> Row | None:
     """The trial in force when the daemon stopped, from its JSON log: the last table it pushed
     started one (``trial`` set; logs from before that field: a reason "trial of ..."). Its
     ``standing`` is the table the trial replaced, the one the daemon stood on; None when the
     last push was no trial (or nothing was pushed)."""
     last = None
-    for line in log_lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue  # a line that is not one of its JSON events
-        if isinstance(event, dict) and event.get("event") == "table pushed":
+    for event in log_events(log_lines):
+        if event.get("event") == "table pushed":
             last = event
     if last is None or last.get("old") is None:
         return None
@@ -96,6 +105,51 @@ def trial_at_stop(log_lines: list[str]) -> Row | None:
         return None
     return {"trial": last.get("trial"), "reason": last.get("reason"), "table": last["new"],
             "standing": last["old"]}  # fmt: skip
+
+
+def rollback_holds(raw: Row, part: str) -> list[tuple[float, float]]:
+    """When rollbacks held the daemon's pushes in ``part``, in seconds since it started: from
+    each rollback for the guard's cooldown (the launch's setting, else the default), or until
+    the daemon logged that a traffic shift ended it. A rollback is read from its
+    ``TableTuneRollback`` event, or (a log kept only in part) from a ``push held after a
+    rollback`` line, whose hold ends ``for_s`` after it. While one holds, the bursts run at
+    the re-check interval, so exploring read then costs less than it does outside one."""
+    timed = {"since_daemon_start_s", "started_utc"}
+    windows = [w for w in raw["windows"] if w["part"] == part and timed <= set(w)]
+    if not windows:
+        return []
+    first = windows[0]
+    origin = datetime.fromisoformat(first["started_utc"]).timestamp()
+    origin -= first["since_daemon_start_s"]
+    env = ((raw["meta"].get("daemon") or {}).get("settings_from_env")) or {}
+    cooldown = load_settings(env).guard.cooldown_s
+    lines = [*raw.get("daemon_log_events", {}).get(part, []),
+             *raw.get("daemon_log_tails", {}).get(part, [])]  # fmt: skip
+    holds: list[tuple[float, float]] = []
+    ended: list[float] = []
+    for event in log_events(lines):
+        if not event.get("timestamp"):
+            continue
+        at = datetime.fromisoformat(event["timestamp"]).timestamp() - origin
+        name = event.get("event")
+        if name == "alert event" and event.get("alertname") == "TableTuneRollback":
+            holds.append((at, at + cooldown))
+        elif name == "push held after a rollback" and "for_s" in event:
+            end = at + float(event["for_s"])
+            holds.append((end - cooldown, end))
+        elif name == "rollback hold ended: the traffic shifted":
+            ended.append(at)
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(holds):
+        if out and start - out[-1][0] <= 5:  # the same rollback, read again (for_s is whole)
+            continue
+        out.append((round(start, 1), round(min([end, *(t for t in ended if t > start)]), 1)))
+    return out
+
+
+def overlap_s(span: tuple[float, float], holds: Sequence[tuple[float, float]]) -> float:
+    """Seconds of ``span`` inside any of ``holds`` (which do not overlap each other)."""
+    return sum(max(0.0, min(span[1], b) - max(span[0], a)) for a, b in holds)
 
 
 def arm_windows(raw: Row, part: str, arm: str) -> list[Row]:

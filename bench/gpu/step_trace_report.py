@@ -40,7 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from tabletune.daemon.settings import load_settings  # noqa: E402
+from live_daemon_report import overlap_s, rollback_holds  # noqa: E402  (this folder: sys.path)
+
 from tabletune.solver import tau  # noqa: E402
 from tabletune.step_cells import cell_label, cell_of  # noqa: E402
 
@@ -303,59 +304,6 @@ def _bootstrap(per_window: np.ndarray) -> list[float] | None:
     losses = 1 - (sums[ok, 0] / sums[ok, 1]) / (sums[ok, 2] / sums[ok, 3])
     low, high = np.percentile(losses, [2.5, 97.5])
     return [round(float(low), 4), round(float(high), 4)]
-
-
-def rollback_holds(raw: Row, part: str) -> list[tuple[float, float]]:
-    """When rollbacks held the daemon's pushes in ``part``, in seconds since it started: from
-    each rollback for the guard's cooldown (the launch's setting, else the default), or until
-    the daemon logged that a traffic shift ended it. A rollback is read from its
-    ``TableTuneRollback`` event, or (a log kept only in part) from a ``push held after a
-    rollback`` line, whose hold ends ``for_s`` after it. While one holds, the bursts run at
-    the re-check interval, so exploring read then costs less than it does outside one."""
-    timed = {"since_daemon_start_s", "started_utc"}
-    windows = [w for w in raw["windows"] if w["part"] == part and timed <= set(w)]
-    if not windows:
-        return []
-    first = windows[0]
-    origin = datetime.fromisoformat(first["started_utc"]).timestamp()
-    origin -= first["since_daemon_start_s"]
-    env = ((raw["meta"].get("daemon") or {}).get("settings_from_env")) or {}
-    cooldown = load_settings(env).guard.cooldown_s
-    lines = [*raw.get("daemon_log_events", {}).get(part, []),
-             *raw.get("daemon_log_tails", {}).get(part, [])]  # fmt: skip
-    holds: list[tuple[float, float]] = []
-    ended: list[float] = []
-    for event in (_record(line) for line in lines):
-        if event is None or not event.get("timestamp"):
-            continue
-        at = datetime.fromisoformat(event["timestamp"]).timestamp() - origin
-        name = event.get("event")
-        if name == "alert event" and event.get("alertname") == "TableTuneRollback":
-            holds.append((at, at + cooldown))
-        elif name == "push held after a rollback" and "for_s" in event:
-            end = at + float(event["for_s"])
-            holds.append((end - cooldown, end))
-        elif name == "rollback hold ended: the traffic shifted":
-            ended.append(at)
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(holds):
-        if out and start - out[-1][0] <= 5:  # the same rollback, read again (for_s is whole)
-            continue
-        out.append((round(start, 1), round(min([end, *(t for t in ended if t > start)]), 1)))
-    return out
-
-
-def _record(line: str) -> Row | None:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def overlap_s(span: tuple[float, float], holds: Sequence[tuple[float, float]]) -> float:
-    """Seconds of ``span`` inside any of ``holds`` (which do not overlap each other)."""
-    return sum(max(0.0, min(span[1], b) - max(span[0], a)) for a, b in holds)
 
 
 def exploring_cost(raw: Row, lines: Sequence[tuple[float, ...]]) -> list[Row]:

@@ -95,15 +95,17 @@ def rows_of(report: Row, name: str) -> list[Row]:
             row["note"] = "ended inside a trial: priced by the table it replaced"
         exploring = entry.get("daemon_exploring_by_k_mix") or {}
         traced = entry.get("daemon_exploring_by_trace") or {}
+        read: Row = {}
         if traced.get("bootstrap_95"):  # step by step, the switch steps the cells omit too
+            read = traced
             row["exploring_loss"] = traced["loss_against_the_table_k_steps"]
             row["exploring_bound"] = traced["bootstrap_95"]
             row["exploring_reading"] = "step trace"
         elif exploring.get("loss_from_k_mix") is not None:  # its own windows once settled
+            read = exploring
             row["exploring_loss"] = exploring["loss_from_k_mix"]
             row["exploring_bound"] = [exploring["loss_lower_bound"], exploring["loss_upper_bound"]]
             row["exploring_reading"] = "k mix (reads low: switch steps are in no cell)"
-        read = traced if traced.get("bootstrap_95") else exploring
         if read.get("inside_a_rollback_hold_s"):  # bursts sparse then: not the usual price
             row["exploring_inside_a_rollback_hold_s"] = read["inside_a_rollback_hold_s"]
         bandit = entry.get("nightjar_by_k_mix")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -123,3 +125,65 @@ def test_notable_log_lines_keep_what_the_daemon_did_and_drop_quiet_cycles(
         report.notable_log_lines(lines, limit=2) == lines[-2:]
         and report.notable_log_lines([]) == []
     )
+
+
+LOG_START = 1.8e9  # when the daemon part started
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat()
+
+
+def _daemon_part(events: list[dict[str, Any]], **settings: str) -> dict[str, Any]:
+    """A raw run whose daemon part started at START, with these log events (``at``: seconds
+    since its start)."""
+    windows = [{"part": "decode-heavy-B256-daemon", "since_daemon_start_s": 2.0,
+                "started_utc": _utc(LOG_START + 2.0)}]  # fmt: skip
+    lines = [json.dumps({**{k: v for k, v in e.items() if k != "at"},
+                         "timestamp": _utc(LOG_START + e["at"]).replace("+00:00", "Z")})
+             for e in events]  # fmt: skip
+    return {
+        "meta": {"daemon": {"settings_from_env": settings}},
+        "windows": windows,
+        "daemon_log_events": {"decode-heavy-B256-daemon": lines},
+    }
+
+
+ROLLBACK = {"event": "alert event", "alertname": "TableTuneRollback"}
+
+
+def test_a_rollback_holds_pushes_for_the_cooldown_or_until_a_shift_ends_it(
+    report: ModuleType,
+) -> None:
+    part = "decode-heavy-B256-daemon"
+    alone = _daemon_part([{**ROLLBACK, "at": 140.6}])
+    assert report.rollback_holds(alone, part) == [(140.6, 1040.6)]  # the default 900 s
+    short = _daemon_part([{**ROLLBACK, "at": 40.0}], TABLETUNE_GUARD__COOLDOWN_S="60")
+    assert report.rollback_holds(short, part) == [(40.0, 100.0)]
+    shifted = _daemon_part([
+        {**ROLLBACK, "at": 40.0}, {"event": "rollback hold ended: the traffic shifted", "at": 75.5},
+    ])  # fmt: skip
+    assert report.rollback_holds(shifted, part) == [(40.0, 75.5)]
+
+
+def test_a_hold_is_read_from_the_held_pushes_where_the_log_lost_the_rollback(
+    report: ModuleType,
+) -> None:
+    # An older launch kept only the log's tail: "push held" 801 s before the hold ends.
+    part = "decode-heavy-B256-daemon"
+    held = _daemon_part([{"event": "push held after a rollback", "for_s": 801, "at": 147.0}])
+    assert report.rollback_holds(held, part) == [(48.0, 948.0)]
+    again = {"event": "push held after a rollback", "for_s": 801, "at": 147.0}
+    both = _daemon_part([{**ROLLBACK, "at": 47.6}, again])
+    assert report.rollback_holds(both, part) == [(47.6, 947.6)]  # one rollback, not two
+    assert report.rollback_holds(_daemon_part([]), part) == []
+
+
+@pytest.mark.parametrize(
+    ("span", "held"),
+    [((141.4, 200.3), 58.9), ((2.0, 30.0), 0.0), ((100.0, 150.0), 9.4), ((2.0, 2000.0), 900.0)],
+)
+def test_the_seconds_of_a_reading_inside_a_hold(
+    report: ModuleType, span: tuple[float, float], held: float
+) -> None:
+    assert report.overlap_s(span, [(140.6, 1040.6)]) == pytest.approx(held)
