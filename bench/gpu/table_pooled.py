@@ -173,11 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part", required=True, help="the load, e.g. decode-heavy-B256")
     parser.add_argument("--goal", type=float, default=0.015)
     args = parser.parse_args(argv)
-    reports = [(path.name, json.loads(path.read_text())) for path in args.reports]
+    try:
+        reports = [(path.name, json.loads(path.read_text())) for path in args.reports]
+    except (OSError, ValueError) as exc:
+        parser.error(f"cannot read a report: {exc}")
     try:
         result = pool(reports, args.part, args.goal)
     except NotPoolable as exc:
         parser.error(str(exc))
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:
+        parser.error(f"not reports eval_traffic_report.py writes ({exc!r})")
     first = reports[0][1]["meta"]
     out_row = {
         "what": " ".join(__doc__.splitlines()[:2]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,3 +140,24 @@ def test_the_committed_pooled_judgements_are_what_the_committed_reports_give() -
                    for row in committed["launches"]]  # fmt: skip
         fresh = pooled_module.pool(reports, committed["part"], 0.015)
         assert json.loads(json.dumps(fresh)) == {k: committed[k] for k in fresh}, path.name
+
+
+def test_reports_that_cannot_be_read_are_refused_in_one_line_and_nothing_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    alien = tmp_path / "alien.json"
+    alien.write_text(json.dumps({"loads": {PART: {"arms": {"daemon": {"blocks": 3}}}}}))
+    cases = [
+        ([str(tmp_path / "missing.json")], "cannot read a report"),
+        ([str(broken)], "cannot read a report"),
+        ([str(alien)], "not reports eval_traffic_report.py writes"),
+    ]
+    written = sorted((pooled_module.ROOT / "bench/results").glob("table_pooled_*"))
+    for paths, why in cases:
+        with pytest.raises(SystemExit) as stop:
+            pooled_module.main([*paths, "--name", "never_written", "--part", PART])
+        assert stop.value.code == 2
+        assert why in capsys.readouterr().err
+    assert sorted((pooled_module.ROOT / "bench/results").glob("table_pooled_*")) == written
