@@ -30,6 +30,9 @@ nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperatu
 clocks_pid=$!
 python3 bench/gpu/host_logger.py --out "$OUT/host_load.csv" &
 host_pid=$!
+# Its header is written once it holds SIGTERM for its last row: a job shorter than its start-up
+# (a dry run's) would otherwise stop it before it wrote anything.
+for _ in $(seq 100); do [[ -s "$OUT/host_load.csv" ]] && break; sleep 0.1; done
 
 pids=()
 for gpu in 0 1; do
