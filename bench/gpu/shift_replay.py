@@ -53,9 +53,12 @@ def cycles(
             summed, waited = {}, 0.0
 
 
-def shifts_in(windows: Iterable[Row], layout: StepTimeLayout, cycle_s: float) -> list[float]:
-    """Seconds into the part at which the check read a change, windows summed into cycles."""
-    step_time = StepTimeSettings()  # the daemon's defaults
+def shifts_in(
+    windows: Iterable[Row], layout: StepTimeLayout, cycle_s: float, shift: float | None = None
+) -> list[float]:
+    """Seconds into the part at which the check read a change, windows summed into cycles;
+    the daemon's defaults, ``shift`` (STEP_TIME__SHIFT) apart when given."""
+    step_time = StepTimeSettings() if shift is None else StepTimeSettings(shift=shift)
     estimator = StepTimeEstimator(layout)
     fired = []
     for elapsed, _, cycle in cycles(windows, cycle_s):
@@ -66,14 +69,14 @@ def shifts_in(windows: Iterable[Row], layout: StepTimeLayout, cycle_s: float) ->
     return fired
 
 
-def replay(raw: Row, name: str, cycle_s: float = CYCLE_S) -> list[Row]:
+def replay(raw: Row, name: str, cycle_s: float = CYCLE_S, shift: float | None = None) -> list[Row]:
     profile = ROOT / raw["meta"]["daemon"]["profile"]
     pool = load_pools(load_settings({"TABLETUNE_PROFILE__PATHS": str(profile)}).profile)[0]
     layout = StepTimeLayout.of_pool(pool)
     return [
         {"raw": name, "part": part,
          "shifts_at_s": shifts_in((w for w in raw["windows"] if w["part"] == part), layout,
-                                  cycle_s)}
+                                  cycle_s, shift)}
         for part in steady_parts(raw)
     ]  # fmt: skip
 
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "bench/gpu/shift_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json",
         "target": TARGET,
         "cycle_s": CYCLE_S,
+        "shift": StepTimeSettings().shift,  # STEP_TIME__SHIFT, the default replayed
         "steady_parts": len(parts),
         "parts_where_it_fired": len(fired),
         "parts": parts,

@@ -349,8 +349,9 @@ def test_a_traffic_shift_after_a_rollback_ends_its_hold(shifts: bool) -> None:
     before = engine.state.ranges
     reports = rig.cycles(3)
     assert reports[-1].rolled_back and engine.state.ranges == before  # type: ignore[attr-defined]
-    if shifts:  # the running k's steps now take 1.5 times as long: another shape of traffic
-        engine.k_scale = {engine.state.k_for(engine.load): 1.5}
+    rig.cycles(1)  # the rolled-back table's traffic settles (no shift is read meanwhile)
+    if shifts:  # the running k's steps now take twice as long: another shape of traffic
+        engine.k_scale = {engine.state.k_for(engine.load): 2.0}
     rig.cycles(3)
     engine.load = 100
     decided = [r.decisions for r in rig.cycles(3)]  # type: ignore[attr-defined]
@@ -591,7 +592,7 @@ def k3_pushes_after_a_shift(**env: str) -> tuple[int, list[int]]:
         seen.append(engine.state.k_for(48))
     first = sum(1 for a, b in zip([2, *seen], seen, strict=False) if b == 3 and a != 3)
     assert seen[-1] != 3
-    engine.step_scale = 1.3
+    engine.step_scale = 1.6
     after = []
     for _ in range(16):
         rig.cycles(1)

@@ -56,7 +56,7 @@ DEFAULTS = {
         "half_life_s": 60.0,
         "prior_sigma": 0.01,
         "correlation": 2.0,
-        "shift": 0.15,
+        "shift": 0.4,
         "settle_s": 15.0,
     },
     "decision": {
