@@ -80,6 +80,7 @@ from tabletune.step_cells import CellTotals  # noqa: E402
 
 Row = dict[str, Any]
 FIXED = ("k0", "k1", "k2", "k3")
+DAEMON = "daemon"  # the arm running the daemon's table, exploring off
 SINGLE_K = 0.99  # an arm whose steps ran at one k this often is that fixed-k configuration
 NIGHTJAR = "nightjar"  # the arm of the Nightjar-style bandit run in the engine
 NIGHTJAR_FACTOR = 3.0  # issue 16: its worst-load loss at least this many times the daemon's
@@ -277,6 +278,8 @@ def daemon_by_k_mix(mix: dict[int, float], best: str, units: list[dict[str, floa
     for every paired figure), its steps at other k counted as lost whole in the upper bound."""
     cost = k_mix_cost(mix, best, arms, key)
     own = max(mix, key=lambda k: mix[k]) if mix else None
+    if own is not None and own_arm_stands_in(mix, own, arms, key):
+        return daemon_by_own_arm(mix, own, best, arms[DAEMON][key], cost)
     bounds: dict[str, float | None] = {"loss_upper_bound": None, "loss_lower_bound": None,
                                        "coverage": None}  # fmt: skip
     if own is not None and f"k{own}" in arms:
@@ -295,6 +298,29 @@ def daemon_by_k_mix(mix: dict[int, float], best: str, units: list[dict[str, floa
             "share_at_k_not_run": cost["share_at_k_not_run"],
             "own_k": own, "share_at_own_k": None if own is None else mix[own],
             **bounds}  # fmt: skip
+
+
+def own_arm_stands_in(mix: dict[int, float], own: int, arms: dict[str, Row], key: str) -> bool:
+    """The daemon's steps ran one k (``SINGLE_K`` of its time) whose fixed arm was not run:
+    its arm, exploring off, is that fixed k's configuration, paired like one."""
+    return (f"k{own}" not in arms and mix[own] >= SINGLE_K
+            and key in arms.get(DAEMON, {}))  # fmt: skip
+
+
+def daemon_by_own_arm(mix: dict[int, float], own: int, best: str, figures: Row,
+                      cost: Row) -> Row:  # fmt: skip
+    """The daemon priced by its own arm's tokens/s over the best fixed arm run's (``figures``:
+    its paired figures): a k no fixed arm ran is not lost whole when the daemon's arm ran it;
+    the loss is against the best of the fixed arms run and the daemon's own k."""
+    interval = figures["median_ratio_interval"]
+    return {"share_at_best_k": mix.get(int(best.removeprefix("k")), 0.0),
+            "loss_from_k_mix": round(loss_of(figures["median_ratio"]), 4),
+            "share_at_k_not_run": cost["share_at_k_not_run"],
+            "own_k": own, "share_at_own_k": mix[own],
+            "loss_upper_bound": round(loss_of(interval["low"]), 4),
+            "loss_lower_bound": round(loss_of(interval["high"]), 4),
+            "coverage": interval["coverage"],
+            "priced_by": "its own arm (its one k ran as no fixed arm)"}  # fmt: skip
 
 
 def daemon_exploring_by_k_mix(daemon_windows: list[Row], batch: int, best: str,

@@ -38,6 +38,11 @@ trace_report decode_heavy_hold_nightjar \
   eval_traffic_decode_heavy_b256_hold_nightjar_blocks_h200_20261202T1050Z.json 20261202T1050Z
 trace_report decode_heavy_unproven \
   eval_traffic_decode_heavy_b256_unproven_blocks_h200_20261202T1301Z.json 20261202T1301Z
+# The rotation balanced (46eedb4), decode-heavy B≈256 and B≈128.
+trace_report decode_heavy_balanced \
+  eval_traffic_decode_heavy_b256_balanced_blocks_h200_20261202T1708Z.json 20261202T1708Z
+trace_report decode_heavy_b128_balanced \
+  eval_traffic_decode_heavy_b128_balanced_blocks_h200_20261202T1743Z.json 20261202T1743Z
 # Exploring over the three launches of each commit together (bench/gpu/exploring_pooled.py).
 pooled() {  # NAME STAMP...: exploring_pooled_NAME_h200.json over those launches at one commit
   local name=$1 stamp args=()

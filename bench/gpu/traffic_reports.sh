@@ -147,6 +147,10 @@ traced decode_heavy_b256_hold_again_blocks 20261202T1043Z
 traced decode_heavy_b256_hold_nightjar_blocks 20261202T1050Z
 # After a shift a k on a few steps is unproven (6d27acf), decode-heavy B≈256, the daemon 200 s.
 traced decode_heavy_b256_unproven_blocks 20261202T1301Z
+# Arms rotated so each follows every other equally often, a rollback's hold ended by a shift
+# (46eedb4): decode-heavy B≈256 (k0,k1,k3) and B≈128 (k0,k1,k3: its best k=2 not among them).
+traced decode_heavy_b256_balanced_blocks 20261202T1708Z
+traced decode_heavy_b128_balanced_blocks 20261202T1743Z
 # The daemon's table over each commit's three launches at one load together (table_pooled.py).
 table_pooled decode_heavy_b256_priced_acceptance decode-heavy-B256 \
   decode_heavy_b256_priced_acceptance{,_again}_blocks decode_heavy_b256_nightjar_newest_blocks

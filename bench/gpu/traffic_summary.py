@@ -78,7 +78,7 @@ def rows_of(report: Row, name: str) -> list[Row]:
             "best_identified": entry["best_fixed_k_sign_test"]["identified"],
             "daemon_k": daemon["own_k"],
             "daemon_loss": daemon["loss_from_k_mix"],
-            "daemon_bound": [daemon["loss_lower_bound"], daemon["loss_upper_bound"]],
+            "daemon_bound": bound_of(daemon),
         }
         row["tables"] = {
             table: {"loss": priced["loss_from_k_mix"],
@@ -114,6 +114,13 @@ def rows_of(report: Row, name: str) -> list[Row]:
             row["nightjar_bound"] = [bandit["loss_lower_bound"], bandit["loss_upper_bound"]]
         out.append(row)
     return out
+
+
+def bound_of(priced: Row) -> list[float] | None:
+    """A loss's bounds, or None where there are none (its own k run as no fixed arm, in a mix
+    with other k, which eval_traffic_report.py does not bound)."""
+    low, high = priced["loss_lower_bound"], priced["loss_upper_bound"]
+    return None if low is None or high is None else [low, high]
 
 
 class ReportError(ValueError):

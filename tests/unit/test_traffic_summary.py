@@ -122,6 +122,14 @@ def test_without_the_bandit_its_goal_is_not_run() -> None:
     assert out["goals"]["chat-like"]["nightjar_style_over_daemon"]["verdict"] == "not run"
 
 
+def test_a_daemon_without_bounds_is_not_judgeable_there() -> None:
+    # Its own k ran as no fixed arm, mixed with other k: eval_traffic_report.py gives no bound.
+    reports = {"a.json": _report({"decode-heavy-B128": _load(0.3, (None, None))})}  # type: ignore[arg-type]
+    goal = summary_module.summarize(reports)["goals"]["decode-heavy"]["daemon_worst_load_loss"]
+    assert goal["verdict"] == "missed by point, not judgeable"
+    assert goal["not_judgeable_at"] == ["B≈126 (2026-12-01T12:11)"]
+
+
 def test_the_committed_summary_is_what_the_committed_reports_give() -> None:
     committed = json.loads(summary_module.SUMMARY.read_text())
     reports = summary_module.committed_reports()

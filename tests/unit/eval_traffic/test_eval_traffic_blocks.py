@@ -408,6 +408,30 @@ def test_a_daemon_on_a_clearly_worse_k_misses_judged_by_its_k_mix(
     assert by_mix["judgeable"] is True and by_mix["pass"] is False
 
 
+@pytest.mark.parametrize(("daemon_tps", "loss"), [(12360.0, 0.0), (11400.0, 0.05)])
+def test_a_daemon_on_one_k_no_fixed_arm_ran_is_priced_by_its_own_arm(
+    driver: ModuleType, report: ModuleType, daemon_tps: float, loss: float
+) -> None:
+    """The daemon ran k2 alone, which no fixed arm ran (on the H200 at 17:43 2026-12-02,
+    decode-heavy B≈126 with k0, k1 and k3 run): its arm, exploring off, is that k's fixed
+    arm, so it is priced by its own tokens/s against the best fixed arm run, not counted as
+    lost whole."""
+    raw, part = block_run(driver, per_block=2, stall_blocks=set())
+    raw["windows"] = [
+        with_k_mix({**row, "tokens_per_s": daemon_tps}, {2: 100.0}) if row["arm"] == "daemon"
+        else row for row in raw["windows"]
+    ]  # fmt: skip
+    result = report.report(raw)
+    mix = result["loads"][part]["daemon_by_k_mix"]
+    assert (mix["own_k"], mix["share_at_k_not_run"]) == (2, 1.0)
+    assert mix["priced_by"] == "its own arm (its one k ran as no fixed arm)"
+    assert mix["loss_from_k_mix"] == pytest.approx(loss, abs=1e-4)
+    assert mix["loss_lower_bound"] == pytest.approx(loss, abs=1e-4)
+    assert mix["loss_upper_bound"] == pytest.approx(loss, abs=1e-4)
+    by_mix = result["goals"]["daemon_worst_load_loss_chat_like"]["by_k_mix"]
+    assert by_mix["measured"] == mix["loss_from_k_mix"] and by_mix["judgeable"] is True
+
+
 @pytest.mark.parametrize(
     ("steps", "loss", "low", "up", "passed", "judgeable"),
     [
