@@ -289,7 +289,7 @@ class StepTimeSettings(_Group):
         default=2.0, ge=1, description="steps per independent sample (neighbouring steps agree)"
     )
     shift: float = Field(
-        # 0.15 read a change in 11 of 54 steady H200 parts (steps wander 20-60 % cycle to
+        # 0.15 read a change in 11 of 56 steady H200 parts (steps wander up to 60 % cycle to
         # cycle at B≈254); the recorded shape changes moved the running k by 76-183 %.
         default=0.4,
         gt=0,
