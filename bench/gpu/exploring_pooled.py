@@ -1,4 +1,4 @@
-"""What exploring cost at one load over several launches of one commit, step by step from their
+"""What exploring cost at one load over several launches of one code, step by step from their
 engine step traces (step_trace_report.exploring_parts: the daemon part's windows after its
 table last changed, every decoding step's kept tokens over its time against the table k's own
 steps): each launch's loss and bootstrap interval, and the launches together, each launch's
@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from code_fingerprint import code_of
 from step_trace_report import (
     BOOTSTRAP_DRAWS,
     exploring_parts,
@@ -93,22 +94,23 @@ def main(argv: list[str] | None = None) -> int:
         (row, per_window), meta = found[0], raw["meta"]
         launches.append({
             "raw": raw_path.name, "trace": trace_path.name, "date": meta["date"],
-            "commit": meta["commit"], **{k: row[k] for k in (
+            "commit": meta["commit"], "code": code_of(meta), **{k: row[k] for k in (
                 "part", "table_k", "batch", "from_s", "until_s", "windows",
                 "loss_against_the_table_k_steps", "bootstrap_95")},
         })  # fmt: skip
         windows.append(per_window)
-    commits = {launch["commit"] for launch in launches}
+    codes = {launch["code"] for launch in launches}
     parts = {launch["part"] for launch in launches}
-    if len(commits) != 1 or len(parts) != 1:
-        parser.error(f"one commit and one load only: {sorted(commits)}, {sorted(parts)}")
+    if len(codes) != 1 or len(parts) != 1:
+        parser.error(f"one code and one load only: {sorted(codes)}, {sorted(parts)}")
     together = pooled(windows)
     first = json.loads(args.pairs[0].read_text())["meta"]
     result = {
         "what": __doc__.splitlines()[0],
         "device": first["device"],
         "engine_version": first["engine_version"],
-        "commit": commits.pop(),
+        "commit": max(launches, key=lambda launch: launch["date"])["commit"],
+        "code": codes.pop(),
         "part": parts.pop(),
         "launches": launches,
         "pooled": together,

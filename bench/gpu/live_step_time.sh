@@ -24,7 +24,9 @@
 # Env: OUT (/tmp/live-step-time), MODELS (/tmp/models), WHEEL (the newest
 # .gpu-bundle/p3/tabletune-*.whl; "none": the tabletune already importable), BUDGET_S (525: this
 # script from start to the report), PORT (8000), COMMIT (git rev-parse HEAD; pass it where the
-# checkout has no .git, else "unknown"), SERVER_MODULE (vLLM's api_server), DRIVER_ARGS (more
+# checkout has no .git, else "unknown"; meta.code is bench/gpu/code_fingerprint.py's hash of the
+# daemon, profiles and driver this tree holds, which the summaries pool launches by),
+# SERVER_MODULE (vLLM's api_server), DRIVER_ARGS (more
 # flags for live_step_time.py), TARGET (qwen3-4b: a config folder under MODELS; also the served
 # model name), DRAFTER ($TARGET-eagle3), TP (1: --tensor-parallel-size), GC_DEBUG (0; 1: vLLM logs
 # its engine core's garbage collections, kept as gc_log.txt), STEP_TRACE (0; 1: a line per
@@ -163,10 +165,11 @@ print(json.dumps({"device": device, "engine": "vllm", "engine_version": engine, 
   "host_load": {"path": "host_load.csv", "pgid": int(sys.argv[15]),
                 "interval_s": float(sys.argv[16])},
   "gc_log": {"path": "gc_log.txt", "utc_offset": sys.argv[14]}
-            if sys.argv[17] == "1" else None}))' \
+            if sys.argv[17] == "1" else None,
+  "code": sys.argv[19]}))' \
   "$gpu" "$engine" "$COMMIT" "$TABLE" "$RATES" "$SPEC" "${ARGS[*]}" "$SERVER_MODULE" "$SYNC_S" \
   "$TARGET" "$TP" "$clocks_pid" "${CUDA_VISIBLE_DEVICES:-}" "$(date +%z)" "$vllm_pid" \
-  "$HOST_LOAD_S" "${GC_DEBUG:-0}" "$GPU_CLOCKS_MS")
+  "$HOST_LOAD_S" "${GC_DEBUG:-0}" "$GPU_CLOCKS_MS" "$(python3 bench/gpu/code_fingerprint.py)")
 
 # The driver's budget: what is left of BUDGET_S, less ~25 s for stopping vLLM and the report.
 # It keeps to it (parts that no longer fit are skipped); `timeout` is the last resort, and the

@@ -1,4 +1,4 @@
-"""The daemon's table at one load over several launches of one commit, by the k its steps ran,
+"""The daemon's table at one load over several launches of one code, by the k its steps ran,
 against every launch's fixed-k blocks together.
 
 One 9-minute launch at decode-heavy B≈254 holds 9-12 blocks; where k=0, k=1 and k=3 run
@@ -33,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from code_fingerprint import code_of
 from eval_traffic_paired import paired
 from eval_traffic_report import FIXED, best_identified, daemon_by_k_mix
 from exploring_pooled import verdict
@@ -134,7 +135,7 @@ def judged(blocks: Sequence[Block], mix: dict[int, float], goal: float) -> Row:
 
 
 def pool(reports: Sequence[tuple[str, Row]], part: str, goal: float) -> Row:
-    """Launches (name, report) of one commit at ``part`` judged together."""
+    """Launches (name, report) of one code (``code_of``) at ``part`` judged together."""
     launches: list[Row] = []
     blocks: list[Block] = []
     mixes: list[tuple[dict[int, float], int]] = []
@@ -145,17 +146,18 @@ def pool(reports: Sequence[tuple[str, Row]], part: str, goal: float) -> Row:
             raise NotPoolable(f"{name}: {exc}") from exc
         meta = report["meta"]
         launches.append({"report": name, "date": meta["date"], "commit": meta["commit"],
-                         "blocks": len(mine)})  # fmt: skip
+                         "code": code_of(meta), "blocks": len(mine)})  # fmt: skip
         blocks += mine
         mixes.append((mix, windows))
-    commits = sorted({launch["commit"] for launch in launches})
-    if len(commits) != 1:
-        raise NotPoolable(f"one commit only: {commits}")
+    codes = sorted({launch["code"] for launch in launches})
+    if len(codes) != 1:
+        raise NotPoolable(f"one code only (commit, or code_fingerprint.py's hash): {codes}")
     result = judged(blocks, pooled_mix(mixes), goal)
     by_mix = result["daemon_by_k_mix"]
     bound = [by_mix["loss_lower_bound"], by_mix["loss_upper_bound"]]
     return {
-        "commit": commits[0],
+        "commit": max(launches, key=lambda launch: launch["date"])["commit"],
+        "code": codes[0],
         "part": part,
         "launches": launches,
         "blocks": len(blocks),

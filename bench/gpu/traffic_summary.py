@@ -22,9 +22,11 @@ Per shape, judged on every load of every launch:
 and the shape change as each launch that ran one measured it; and how well the daemon's model
 (B·τ(k)/T from the steps' own times) gave the tokens vLLM counted for every fixed arm
 (``model_check``). The daemon's goal is also given
-over the launches of the newest commit whose daemon ran on its default settings
-(``daemon_at_newest_commit``, the bandit against that daemon and that commit's shape change
-beside): older launches ran a daemon since changed; and per load, the daemon's goal at that
+over the launches of the newest code whose daemon ran on its default settings
+(``daemon_at_newest_commit``: the newest launch's code, code_fingerprint.py's hash of the
+daemon, profiles and driver where the launch recorded it, else its commit; every commit that
+ran it; the bandit against that daemon and that code's shape change beside): older launches
+ran a daemon since changed; and per load, the daemon's goal at that
 load's newest launch with the commit it ran (``newest_launch_per_load``).
 
     .venv/bin/python bench/gpu/traffic_summary.py   # bench/results/eval_traffic_summary_h200.*
@@ -42,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from code_fingerprint import code_of
 from table_pooled import NotPoolable, pool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +77,7 @@ def rows_of(report: Row, name: str) -> list[Row]:
             "report": name,
             "date": meta["date"],
             "commit": meta["commit"][:7],
+            "code": code_of(meta),
             "best_fixed_k": entry["best_fixed_k"],
             "best_identified": entry["best_fixed_k_sign_test"]["identified"],
             "daemon_k": daemon["own_k"],
@@ -235,7 +239,8 @@ def shape_changes(reports: dict[str, Row]) -> list[Row]:
                                   "pass": steps["pass"]}  # fmt: skip
         out.append({
             "report": name, "date": report["meta"]["date"],
-            "commit": report["meta"]["commit"][:7], "goal": change["goal"],
+            "commit": report["meta"]["commit"][:7], "code": code_of(report["meta"]),
+            "goal": change["goal"],
             "measured": judged["measured"], "pass": judged["pass"], **beside,
         })  # fmt: skip
     return out
@@ -305,18 +310,22 @@ def summarize(reports: dict[str, Row]) -> Row:
 
 
 def newest_commit_goals(rows: list[Row], changes: list[Row], reports: dict[str, Row]) -> Row:
-    """The goals over the newest commit's launches (by date) whose daemon ran on its default
-    settings: the daemon's and the bandit's against it per shape, and its shape changes; and
-    the daemon's again with each load that several of them ran judged on their blocks
-    together (``pooled``, table_pooled.py), in place of each launch alone."""
+    """The goals over the newest code's launches (``code_of``: the newest launch's, by date,
+    whatever commits ran it) whose daemon ran on its default settings: the daemon's and the
+    bandit's against it per shape, and its shape changes; and the daemon's again with each
+    load that several of them ran judged on their blocks together (``pooled``,
+    table_pooled.py), in place of each launch alone."""
     if not rows:
         return {}
-    commit = max(rows, key=lambda r: r["date"])["commit"]
-    mine = [r for r in rows if r["commit"] == commit and not r.get("daemon_settings")]
+    newest = max(rows, key=lambda r: r["date"])
+    commit, code = newest["commit"], newest["code"]
+    mine = [r for r in rows if r["code"] == code and not r.get("daemon_settings")]
     by_shape = {s: [r for r in mine if r["shape"] == s] for s in sorted({r["shape"] for r in mine})}
     pooled, not_pooled = pooled_rows(mine, reports)
     return {
         "commit": commit,
+        "code": code,
+        "commits": sorted({r["commit"] for r in mine}),
         "goals": {
             shape: daemon_goal(group, GOALS.get(shape, DEFAULT_GOAL))
             for shape, group in by_shape.items()
@@ -340,12 +349,12 @@ def newest_commit_goals(rows: list[Row], changes: list[Row], reports: dict[str, 
             for shape, group in by_shape.items()
             if (goal := exploring_goal(group, GOALS.get(shape, DEFAULT_GOAL))) is not None
         },
-        "shape_change": [c for c in changes if c["commit"] == commit],
+        "shape_change": [c for c in changes if c["code"] == code],
     }
 
 
 def pooled_rows(rows: list[Row], reports: dict[str, Row]) -> tuple[list[Row], list[Row]]:
-    """One row per load that more than one of ``rows`` (launches of one commit) ran with its
+    """One row per load that more than one of ``rows`` (launches of one code) ran with its
     daemon's table in the arm (not a trial's), judged on their blocks together; and the loads
     that could not be pooled, with why."""
     by_load: dict[tuple[str, str], list[Row]] = defaultdict(list)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.gpu_jobs import dry_run, fake_nvidia_smi, logger_of, rows_of
+from tests.support.gpu_jobs import dry_run, fake_nvidia_smi, load_gpu_module, logger_of, rows_of
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +41,7 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     raw = json.loads((out / "eval_traffic.json").read_text())
     assert raw["errors"] == [] and raw["skipped"] == [] and raw["meta"]["commit"] == "dry-run"
+    assert raw["meta"]["code"] == load_gpu_module("code_fingerprint").fingerprint()
     assert list(raw["rounds"].values()) == [{"planned": 2, "run": 2}] * 3  # 2 loads, the change
     # The GPU log: written while the job ran, its logger stopped by its id at the end.
     assert raw["meta"]["gpu_clocks"]["job_gpus"] == "1"

@@ -1,4 +1,4 @@
-"""bench/gpu/exploring_pooled.py: exploring's cost over several launches of one commit."""
+"""bench/gpu/exploring_pooled.py: exploring's cost over several launches of one code."""
 
 from __future__ import annotations
 

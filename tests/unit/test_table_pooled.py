@@ -24,6 +24,7 @@ def _report(
     windows: int = 4,
     commit: str = "6d27acf",
     date: str = "2026-12-02T13:30:00+00:00",
+    code: str | None = None,
     **load: Any,
 ) -> Row:
     """A report of one load run in blocks: per arm its tokens/s block by block."""
@@ -34,6 +35,8 @@ def _report(
     }  # fmt: skip
     entry = {"arms": arms, "k_time_mix": {"daemon": daemon_mix or {"0": 1.0}}, **load}
     meta = {"date": date, "commit": commit, "device": "NVIDIA H200", "engine_version": "0.26.0"}
+    if code is not None:  # recorded from 2026-12-02 (code_fingerprint.py)
+        meta["code"] = code
     return {"meta": meta, "loads": {PART: entry}}
 
 
@@ -92,7 +95,14 @@ def test_the_goal_is_met_only_when_the_bound_is_within_it() -> None:
                 ("a", _report(_blocks([1.0] * 3, 1.0))),
                 ("b", _report(_blocks([1.0] * 3, 1.0), commit="1cd9e3d")),
             ],
-            "one commit only",
+            "one code only",
+        ),
+        (
+            [
+                ("a", _report(_blocks([1.0] * 3, 1.0), code="740eac4aa5309004")),
+                ("b", _report(_blocks([1.0] * 3, 1.0), code="9e1d0c77f2a1b3c4")),
+            ],
+            "one code only",
         ),
         ([("a", _report(_blocks([1.0] * 3, 1.0), daemon_trial_at_stop={"k": 3}))], "a trial"),
         ([("a", _report([{"k0": 1.0, "k1": 1.0}] * 3))], "no daemon arm"),
@@ -161,3 +171,13 @@ def test_reports_that_cannot_be_read_are_refused_in_one_line_and_nothing_is_writ
         assert stop.value.code == 2
         assert why in capsys.readouterr().err
     assert sorted((pooled_module.ROOT / "bench/results").glob("table_pooled_*")) == written
+
+
+def test_launches_of_one_code_pool_whatever_their_commits() -> None:
+    # A commit between two launches that changed only docs or reports keeps their code.
+    a = _report(_blocks([0.9] * 4, 20_000.0), commit="2977d26", code="740eac4aa5309004")
+    b = _report(_blocks([0.9] * 5, 15_000.0), commit="d86ce17", code="740eac4aa5309004",
+                date="2026-12-02T19:00:00+00:00")  # fmt: skip
+    out = pooled_module.pool([("a", a), ("b", b)], PART, 0.015)
+    assert (out["blocks"], out["code"], out["commit"]) == (9, "740eac4aa5309004", "d86ce17")
+    assert [launch["commit"] for launch in out["launches"]] == ["2977d26", "d86ce17"]

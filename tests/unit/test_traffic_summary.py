@@ -36,9 +36,12 @@ def _report(
     date: str = "2026-12-01T12:11",
     commit: str = "7178143c",
     settings: Row | None = None,
+    code: str | None = None,
 ) -> Row:
     meta = {"date": date, "commit": commit, "target": target, "engine_version": "0.26.0",
             "device": "NVIDIA H200", "daemon": {"settings_from_env": settings or {}}}  # fmt: skip
+    if code is not None:  # recorded from 2026-12-02 (code_fingerprint.py)
+        meta["code"] = code
     return {"meta": meta, "loads": loads, "goals": {}}
 
 
@@ -155,6 +158,24 @@ def test_the_newest_commits_default_daemon_is_judged_apart() -> None:
     assert goal["verdict"] == "met" and goal["worst_at"] == "B≈254 (2026-12-01T14:48)"
     trials = [r for r in out["loads"]["decode-heavy"] if r["report"] == "trials.json"]
     assert trials[0]["daemon_settings"] == {"TABLETUNE_DECISION__TRIALS": "true"}
+
+
+def test_the_newest_codes_launches_are_judged_together_whatever_their_commits() -> None:
+    # The first launch's code ran before a commit of docs alone, the second after it; an
+    # older code's launch stays apart.
+    reports = {
+        "older.json": _report({"decode-heavy-B128": _load(0.2, (0.1, 0.3))},
+                              date="2026-12-02T17:00", commit="46eedb4b", code="0ld0ld0ld0ld0ld0"),
+        "first.json": _report({"decode-heavy-B256": _load(0.0, (0.0, 0.01), batch=254.0)},
+                              date="2026-12-02T18:00", commit="2977d26a", code="740eac4aa5309004"),
+        "second.json": _report({"decode-heavy-B128": _load(0.01, (0.0, 0.012))},
+                               date="2026-12-02T19:00", commit="d86ce17b", code="740eac4aa5309004"),
+    }  # fmt: skip
+    newest = summary_module.summarize(reports)["daemon_at_newest_commit"]
+    assert (newest["commit"], newest["code"]) == ("d86ce17", "740eac4aa5309004")
+    assert newest["commits"] == ["2977d26", "d86ce17"]
+    goal = newest["goals"]["decode-heavy"]
+    assert goal["verdict"] == "met" and goal["worst"] == 0.01  # the older code's 20 % apart
 
 
 def test_the_static_tables_worst_loss_is_given_per_shape() -> None:
