@@ -3,7 +3,8 @@
 run the arms. Commits that change only docs, reports or other benchmarks keep it, so their
 launches judge one and the same daemon (traffic_summary.py and table_pooled.py pool launches
 of one fingerprint, not only of one commit). Byte contents and relative paths, sorted;
-caches left out.
+caches left out. It reads the tree the launch runs from: the tabletune wheel installed there
+must be built from the same tree (bench/gpu/eval_traffic.sh's usage).
 
     python3 bench/gpu/code_fingerprint.py        # prints it for this checkout
 """
