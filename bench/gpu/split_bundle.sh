@@ -2,7 +2,8 @@
 # Re-splits the vLLM bundle that build-bundle.sh writes (DEST/p1, p2, p3: parts of up to 57 MB)
 # into parts a device call can carry beside this tree. A call carries the working tree (about
 # 50 MiB, most of it bench/results/gpu_raw) plus its carry paths within 64 MiB, so a 57 MB part
-# never fits; parts of PART_MB (15) do, one a call.
+# never fits; parts of PART_MB do, one a call (by default what the tree leaves of the 64 MiB,
+# less 2 MiB; 10 outside a git checkout).
 #
 #     bash bench/gpu/split_bundle.sh [DEST]        # DEST: .gpu-bundle (git-ignored)
 #
@@ -14,7 +15,20 @@
 # The joined parts are checked against p3's bundle.sha256 before anything is removed.
 set -euo pipefail
 dest=${1:-.gpu-bundle}
-part_mb=${PART_MB:-15}
+tree_bytes() {  # what a device call carries of this checkout: tracked and untracked-not-ignored
+  git ls-files -z --cached --others --exclude-standard 2>/dev/null | xargs -0 -r du -cb 2>/dev/null \
+    | tail -1 | cut -f1
+}
+if [[ -z ${PART_MB:-} ]]; then
+  tree=$(tree_bytes || true)
+  if [[ $tree =~ ^[0-9]+$ ]] && (( tree > 0 )); then
+    PART_MB=$(( (64 * 1048576 - tree) / 1048576 - 2 ))
+    (( PART_MB >= 1 )) || { echo "the tree ($tree bytes) leaves no room in a device call's 64 MiB" >&2; exit 2; }
+  else
+    PART_MB=10
+  fi
+fi
+part_mb=$PART_MB
 [[ $part_mb =~ ^[1-9][0-9]*$ ]] || { echo "PART_MB must be a positive integer, got '$part_mb'" >&2; exit 2; }
 for p in p1 p2 p3; do
   [[ -d $dest/$p ]] || { echo "no $dest/$p: run build-bundle.sh first (or it was split already)" >&2; exit 2; }

@@ -26,10 +26,12 @@ def bundle(dest: Path, size: int) -> bytes:
     return data
 
 
-def split(dest: Path, part_mb: str = "1") -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "PART_MB": part_mb}
+def split(dest: Path, part_mb: str | None = "1") -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin"} | ({} if part_mb is None else {"PART_MB": part_mb})
     command = ["bash", str(SCRIPT), str(dest)]
-    return subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    return subprocess.run(
+        command, env=env, cwd=dest.parent, capture_output=True, text=True, check=False
+    )
 
 
 def test_the_parts_join_to_the_bundle_in_name_order_and_the_rest_moves_to_j(
@@ -67,3 +69,13 @@ def test_a_bundle_already_split_or_a_bad_size_is_a_one_line_error(tmp_path: Path
     assert split(dest).returncode == 0
     done = split(dest)
     assert done.returncode == 2 and "split already" in done.stderr
+
+
+def test_outside_a_git_checkout_the_parts_are_10_mib(tmp_path: Path) -> None:
+    # In a checkout the size is what the tree leaves of a device call's 64 MiB, less 2 MiB.
+    dest = tmp_path / ".gpu-bundle"
+    data = bundle(dest, 10 * 1024 * 1024 + 512 * 1024)
+    done = split(dest, part_mb=None)
+    assert done.returncode == 0, done.stderr
+    sizes = [p.stat().st_size for p in sorted(dest.glob("e*/part.*"))]
+    assert sizes == [10 * 1024 * 1024, len(data) - 10 * 1024 * 1024]
