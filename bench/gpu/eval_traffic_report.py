@@ -49,6 +49,7 @@ import argparse
 import contextlib
 import gzip
 import json
+import re
 import statistics
 import sys
 from collections import Counter
@@ -1078,11 +1079,20 @@ def plot_blocks(ax: Any, loads: dict[str, Row], arms: list[str]) -> None:
     ax.legend(fontsize=7, ncol=4)
 
 
+def report_name(meta: Row, name: str | None) -> str:
+    """eval_traffic_<name, else the run's shape>_<GPU>.json, the GPU read from meta.device
+    ("NVIDIA H100 80GB HBM3, ..." -> h100): the H200 summary reads *_h200.json alone, and a
+    launch that got another card must not join it."""
+    model = re.search(r"\b([A-Z]\d{2,4})\b", str(meta.get("device", "")).upper())
+    gpu = model.group(1).lower() if model else "gpu"
+    return f"eval_traffic_{name or meta['shape'].replace('-', '_')}_{gpu}.json"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--name", default=None, help="eval_traffic_NAME_h200.json (default: "
+    parser.add_argument("--name", default=None, help="eval_traffic_NAME_<GPU>.json (default: "
                         "the --shape of the run)")  # fmt: skip
     parser.add_argument("--gpu-clocks", default=None,
                         help="the GPUs' once-a-second log (nvidia-smi CSV; default: the one the "
@@ -1126,10 +1136,8 @@ def main() -> int:
             result = with_step_trace(result, raw, trace_text(Path(args.step_trace)))
         except (OSError, ValueError) as error:
             parser.error(f"--step-trace {args.step_trace}: {error}")
-    name = f"eval_traffic_{raw['meta']['shape'].replace('-', '_')}_h200.json"
-    if args.name:
-        name = f"eval_traffic_{args.name}_h200.json"
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / name
+    name = report_name(raw["meta"], args.name)
+    out = Path(args.out) if args.out else ROOT / "bench/results" / name
     out.write_text(json.dumps(result, indent=1) + "\n")
     with contextlib.suppress(ImportError):  # no matplotlib on the GPU host: drawn here later
         plot(result, out.with_suffix(".png"))

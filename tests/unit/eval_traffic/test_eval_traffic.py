@@ -816,3 +816,22 @@ def test_the_model_check_sets_counted_tokens_against_what_the_steps_give_by_the_
     assert check["gapped"]["tokens_counted_over_modelled"] == pytest.approx(1.0)
     assert check["gapped"]["step_seconds_over_wall"] == pytest.approx(0.5)
     assert "k0" not in check
+
+
+@pytest.mark.parametrize(
+    ("device", "name", "expected"),
+    [
+        ("NVIDIA H200, 580.159.04", None, "eval_traffic_decode_heavy_h200.json"),
+        ("NVIDIA H100 80GB HBM3, 580.159.04", None, "eval_traffic_decode_heavy_h100.json"),
+        ("NVIDIA H100 80GB HBM3, 580.159.04", "b256_blocks", "eval_traffic_b256_blocks_h100.json"),
+        ("NVIDIA A100-SXM4-80GB, 550.54", None, "eval_traffic_decode_heavy_a100.json"),
+        (None, None, "eval_traffic_decode_heavy_gpu.json"),
+    ],
+)
+def test_a_report_is_named_after_the_gpu_its_launch_ran_on(
+    report: ModuleType, device: str | None, name: str | None, expected: str
+) -> None:
+    """A launch on an H100 (2026-12-06: an H200 was asked for, an H100 came) was written as
+    ..._h200.json, where the H200 summary pools every such report: the name now reads the GPU."""
+    meta = {"shape": "decode-heavy"} | ({"device": device} if device else {})
+    assert report.report_name(meta, name) == expected
