@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Regenerates the committed step-trace reports (bench/results/step_trace_*_h200.json) from the
-# raw runs and engine step traces kept under bench/results/gpu_raw/ (STEP_TRACE=1 launches of
-# bench/gpu/eval_traffic.sh), with this checkout's step_trace_report.py.
+# Regenerates the committed step-trace reports (bench/results/step_trace_*_h200.json, *_h100.json
+# for launches an H100 ran) from the raw runs and engine step traces kept under
+# bench/results/gpu_raw/ (STEP_TRACE=1 launches of bench/gpu/eval_traffic.sh), with this
+# checkout's step_trace_report.py.
 #     bash bench/gpu/step_trace_reports.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 RAW=bench/results/gpu_raw
 
-trace_report() {  # NAME RAW-FILE STAMP: step_trace_NAME_h200.json
-  "$PY" bench/gpu/step_trace_report.py "$RAW/$2" "$RAW/step_trace_h200_$3.csv.gz" \
-    --out "bench/results/step_trace_$1_h200.json" >/dev/null
-  echo "bench/results/step_trace_$1_h200.json"
+trace_report() {  # NAME RAW-FILE STAMP [GPU]: step_trace_NAME_<GPU>.json (GPU: h200, h100...)
+  local gpu=${4:-h200}
+  "$PY" bench/gpu/step_trace_report.py "$RAW/$2" "$RAW/step_trace_${gpu}_$3.csv.gz" \
+    --out "bench/results/step_trace_$1_${gpu}.json" >/dev/null
+  echo "bench/results/step_trace_$1_${gpu}.json"
 }
 
 trace_report decode_heavy eval_traffic_decode_heavy_b256_trace_blocks_h200_20261202T0614Z.json \
@@ -55,3 +57,6 @@ pooled() {  # NAME STAMP...: exploring_pooled_NAME_h200.json over those launches
 }
 pooled decode_heavy_b256_priced_acceptance 20261202T0825Z 20261202T0833Z 20261202T0841Z
 pooled decode_heavy_b256_hold 20261202T1035Z 20261202T1043Z 20261202T1050Z
+# An H100 (an H200 was asked for), 2026-12-06 (2d48864): decode-heavy B≈256 with the bandit.
+trace_report decode_heavy_nightjar \
+  eval_traffic_decode_heavy_b256_nightjar_blocks_h100_20261206T1732Z.json 20261206T1732Z h100

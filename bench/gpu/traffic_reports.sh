@@ -1,29 +1,32 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2046  # logs prints flags, split on purpose
 # Regenerates every committed users'-traffic report (bench/results/eval_traffic_*_h200.json and
-# PNG) from the raw runs and logs kept under bench/results/gpu_raw/, with this checkout's
-# eval_traffic_report.py: after a change to the report, run this and commit what moved.
+# PNG; *_h100.json for launches an H100 ran) from the raw runs and logs kept under
+# bench/results/gpu_raw/, with this checkout's eval_traffic_report.py: after a change to the
+# report, run this and commit what moved.
 #     bash bench/gpu/traffic_reports.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 RAW=bench/results/gpu_raw
 
-report() {  # NAME RAW-STAMP [flags...]: eval_traffic_NAME_h200.json from the raw run
+report() {  # NAME RAW-FILE [flags...]: eval_traffic_NAME_<GPU>.json from the raw run (GPU: h200...)
   local name=$1 raw=$2
   shift 2
-  "$PY" bench/gpu/eval_traffic_report.py "$RAW/$raw" --name "$name" "$@" >/dev/null
-  echo "bench/results/eval_traffic_${name}_h200.json"
+  "$PY" bench/gpu/eval_traffic_report.py "$RAW/$raw" --name "$name" "$@" | tail -1 \
+    | sed "s|^wrote $PWD/||"
 }
 
-logs() {  # STAMP: the GPU, host and GC logs a launch kept beside its raw run
-  echo --gpu-clocks "$RAW/gpu_clocks_h200_$1.csv.gz" --gpu-index 0 \
-    --host-load "$RAW/host_load_h200_$1.csv.gz" --gc-log "$RAW/gc_log_h200_$1.txt.gz"
+logs() {  # STAMP [GPU]: the GPU, host and GC logs a launch kept beside its raw run (GPU: h200)
+  local gpu=${2:-h200}
+  echo --gpu-clocks "$RAW/gpu_clocks_${gpu}_$1.csv.gz" --gpu-index 0 \
+    --host-load "$RAW/host_load_${gpu}_$1.csv.gz" --gc-log "$RAW/gc_log_${gpu}_$1.txt.gz"
 }
 
-traced() {  # NAME STAMP: a launch that kept its logs and engine step trace, its raw run named NAME
-  report "$1" "eval_traffic_$1_h200_$2.json" $(logs "$2") \
-    --step-trace "$RAW/step_trace_h200_$2.csv.gz"
+traced() {  # NAME STAMP [GPU]: a launch that kept its logs and step trace, its raw run named NAME
+  local gpu=${3:-h200}
+  report "$1" "eval_traffic_$1_${gpu}_$2.json" $(logs "$2" "$gpu") \
+    --step-trace "$RAW/step_trace_${gpu}_$2.csv.gz"
 }
 
 table_pooled() {  # NAME PART REPORT...: the daemon's table at PART over launches of one commit
@@ -151,6 +154,13 @@ traced decode_heavy_b256_unproven_blocks 20261202T1301Z
 # (46eedb4): decode-heavy B≈256 (k0,k1,k3) and B≈128 (k0,k1,k3: its best k=2 not among them).
 traced decode_heavy_b256_balanced_blocks 20261202T1708Z
 traced decode_heavy_b128_balanced_blocks 20261202T1743Z
+# An H100, 2026-12-06 17:23 and 17:32 UTC (2d48864: the shift check's bar 0.4; an H200 was asked
+# for and an H100 came): the shape change decode-heavy -> chat-like at B=192 (no step trace: the
+# PNG drawn there made the ninth file), decode-heavy B≈256 (k0,k1,k3, the bandit). Written as
+# *_h100.json: the H200 summary below does not read them.
+report shape_change_b192_blocks eval_traffic_shape_change_b192_blocks_h100_20261206T1723Z.json \
+  $(logs 20261206T1723Z h100)
+traced decode_heavy_b256_nightjar_blocks 20261206T1732Z h100
 # The daemon's table over each commit's three launches at one load together (table_pooled.py).
 table_pooled decode_heavy_b256_priced_acceptance decode-heavy-B256 \
   decode_heavy_b256_priced_acceptance{,_again}_blocks decode_heavy_b256_nightjar_newest_blocks
