@@ -36,7 +36,7 @@ cells, the mean number of running requests = the effective B, the view). The JSO
 after every part; a load whose planned rounds no longer fit the budget runs as many whole pairs
 of rounds (whole blocks) as fit (``rounds``: planned vs run per part), and is skipped (recorded)
 only when not even one fits.
-eval_traffic_report.py turns it into bench/results/eval_traffic_<shape>_h200.json and a PNG.
+eval_traffic_report.py turns it into bench/results/eval_traffic_<shape>_<gpu>.json and a PNG.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@
 # shares; per process of vLLM's group its role, CPU, run-queue wait and context switches),
 # live_step_time_run_log.txt, live_step_time_vllm_log.txt. Then, here:
 #     .venv/bin/python bench/gpu/eval_traffic_report.py eval_traffic.json
-# writes bench/results/eval_traffic_<shape>_h200.json and its PNG (the GPU and host logs beside
+# writes bench/results/eval_traffic_<shape>_<gpu>.json and its PNG (the GPU and host logs beside
 # the raw file are read on their own: --gpu-clocks CSV --gpu-index N and --host-load CSV for
 # ones kept elsewhere). Its per-load ``stalls`` tells a window where the GPU waited on the host
 # by cause (bench/README.md, "Users' traffic"): the engine core's CPU near 1.0 without run-queue

@@ -1,4 +1,4 @@
-"""bench/gpu/eval_traffic.py's JSON -> bench/results/eval_traffic_<shape>_h200.json (+ PNG).
+"""bench/gpu/eval_traffic.py's JSON -> bench/results/eval_traffic_<shape>_<gpu>.json (+ PNG).
 
 Per load: tokens/s of every arm (mean, the spread of its repeated windows), the best fixed k
 (k=0..3, by mean), each arm's loss against it, and whether that loss is a result: only a loss
