@@ -13,7 +13,7 @@ window (its step-time estimator at this checkout fed the part's recorded cells: 
 relative uncertainty and live steps per k), which is what its decisions and bursts rested on.
 
     RAW=bench/results/gpu_raw
-    .venv/bin/python bench/gpu/burst_vs_run.py $RAW/eval_traffic_*blocks*.json \\
+    .venv/bin/python bench/gpu/burst_vs_run.py $RAW/eval_traffic_*blocks_h200_*.json \\
         --view decode-heavy-B128-daemon:127 \\
         --view-raw $RAW/eval_traffic_decode_heavy_b64_b128_blocks_h200_20261201T0710Z.json
 writes bench/results/burst_vs_run_h200.json.

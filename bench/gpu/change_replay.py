@@ -8,7 +8,8 @@ bench/results/change_replay_h200.json. ``--setting NAME=VALUE`` (repeatable) rep
 daemon setting changed, named as its variable without the TABLETUNE_ prefix (e.g.
 ``STEP_TIME__SETTLE_S=0``); write such a replay elsewhere with ``--out``.
 
-    .venv/bin/python bench/gpu/change_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json
+    .venv/bin/python bench/gpu/change_replay.py \\
+        bench/results/gpu_raw/eval_traffic_*blocks_h200_*.json
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             changes.append({"raw": path.name, "cycles": replay(raw, setting_changes=settings)})
     result = {
         "what": __doc__.splitlines()[0],
-        "command": "bench/gpu/change_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json"
+        "command": "bench/gpu/change_replay.py "
+        "bench/results/gpu_raw/eval_traffic_*blocks_h200_*.json"
         + "".join(f" --setting {name}={value}" for name, value in settings.items()),
         **({"settings": settings} if settings else {}),
         "cycle_s": CYCLE_S,

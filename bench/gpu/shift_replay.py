@@ -4,7 +4,8 @@ daemon's cycles into this checkout's step-time estimator with the default settin
 where the check fires read a change of traffic that was not there (the clients' shape never
 changed inside it). Writes bench/results/shift_replay_h200.json.
 
-    .venv/bin/python bench/gpu/shift_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json
+    .venv/bin/python bench/gpu/shift_replay.py \\
+        bench/results/gpu_raw/eval_traffic_*blocks_h200_*.json
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     fired = [p for p in parts if p["shifts_at_s"]]
     result = {
         "what": __doc__.splitlines()[0],
-        "command": "bench/gpu/shift_replay.py bench/results/gpu_raw/eval_traffic_*blocks*.json",
+        "command": "bench/gpu/shift_replay.py "
+        "bench/results/gpu_raw/eval_traffic_*blocks_h200_*.json",
         "target": TARGET,
         "cycle_s": CYCLE_S,
         "shift": StepTimeSettings().shift,  # STEP_TIME__SHIFT, the default replayed
