@@ -188,7 +188,7 @@ trap - EXIT
 if [[ $REPORT != none ]]; then
   python3 "$REPORT" "$OUT/$name.json" --out "$OUT/${name}_h200.json" || { [ "$rc" -eq 0 ] && rc=3; }
   # A device call brings back at most 8 files (with GC_DEBUG's and STEP_TRACE's logs the PNG
-  # made 10 and the step trace was left there): it is drawn here from the raw run instead.
+  # was the ninth and the step trace was left there): it is drawn here from the raw run instead.
   rm -f "$OUT/${name}_h200.png"
 fi
 echo "done in $(( $(date +%s) - started )) s (driver exit $rc)"

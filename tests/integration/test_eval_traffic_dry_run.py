@@ -77,7 +77,7 @@ def test_the_gpu_job_runs_the_daemon_and_every_arm_at_every_load(tmp_path: Path)
     report = json.loads((out / "eval_traffic_h200.json").read_text())
     assert report["gpu_clocks"]["aligned"] == "recorded" and report["gpu_clocks"]["gpus"] == [1]
     # A device call brings back at most 8 files: the PNG is drawn here from the raw run, not
-    # there (with it, GC_DEBUG's and STEP_TRACE's logs made 10 and the step trace was lost).
+    # there (beside GC_DEBUG's and STEP_TRACE's logs it was the ninth; the step trace was lost).
     assert not list(out.glob("*.png"))
     for load in report["loads"].values():  # GPU 1's samples alone
         assert all(w["gpu"]["samples"] > 0 for w in load["windows"])
